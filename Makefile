@@ -1,0 +1,37 @@
+# kernel-refinery: `make setup`, `make test`, `make demo`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU machines get the CPU build of torch that lies on disk; a bare `torch` would pull several GB of CUDA.
+TORCH_CPU := torch==2.13.0
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-gpu demo lint clean
+
+help:
+	@echo "make setup     create .venv/ with the refinery command"
+	@echo "make test      run the test suite (CPU)"
+	@echo "make test-gpu  run the GPU tests (needs CUDA)"
+	@echo "make demo      a real refinement experiment on 3 built-in CPU tasks"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m gpu
+
+demo: $(STAMP)
+	$(BIN)/refinery experiment --config bench/configs/demo.toml
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,64 @@
+"""Settings of the evaluator: one frozen model, passed to every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Device = Literal["cpu", "cuda"]
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    atol: float
+    rtol: float
+
+
+def default_tolerances() -> dict[str, Tolerance]:
+    # fp32 follows the KernelBench paper (1e-2); half types are looser by their mantissa.
+    return {
+        "float64": Tolerance(atol=1e-5, rtol=1e-5),
+        "float32": Tolerance(atol=1e-2, rtol=1e-2),
+        "float16": Tolerance(atol=1e-2, rtol=1e-2),
+        "bfloat16": Tolerance(atol=2e-2, rtol=2e-2),
+    }
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "kernel-refinery"
+
+
+class EvalConfig(BaseModel):
+    """How a candidate is checked and timed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Device = "cpu"
+    backend: Literal["cpp", "cuda", "triton"] | None = None
+    """Kernel language the candidate is expected to use; None means the device's default."""
+    correctness_trials: int = Field(5, ge=1, description="fresh random inputs and weights per trial")
+    seed: int = 42
+    tolerances: dict[str, Tolerance] = Field(default_factory=default_tolerances)
+    warmup: int = Field(3, ge=0)
+    trials: int = Field(100, ge=1, description="timed calls of each of reference and candidate")
+    time_compiled_reference: bool = True
+    """Also time torch.compile of the reference (costs a compile per task; cached per run)."""
+    reverify_speedup: float = 10.0
+    reverify_trials: int = 10
+    profile_rows: int = 12
+    timeout_s: float = Field(600.0, description="wall-clock limit of one stage in the worker")
+    memory_limit_gb: float = Field(12.0, description="host memory of the worker process tree")
+    cpu_threads: int | None = None
+    """Threads for torch and OpenMP in the worker; None: the cores given to it."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+
+    def tolerance(self, dtype_name: str) -> Tolerance | None:
+        return self.tolerances.get(dtype_name.removeprefix("torch."))
+
+    @property
+    def kernel_backend(self) -> str:
+        if self.backend is not None:
+            return self.backend
+        return "cuda" if self.device == "cuda" else "cpp"

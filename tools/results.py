@@ -1,0 +1,175 @@
+"""Typed results of each evaluation step, and the verdict that combines them.
+
+Every step returns a frozen pydantic model, so results cross the worker's pipe, land in
+traces as JSON and come back unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EvalStatus(str, Enum):
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    CUDA_FAULT = "cuda_fault"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    INCORRECT = "incorrect"
+    REJECTED = "rejected"
+    CORRECT = "correct"
+
+    @property
+    def compiled(self) -> bool:
+        return self not in (EvalStatus.COMPILE_ERROR, EvalStatus.REJECTED)
+
+
+class Stage(str, Enum):
+    """Steps of an evaluation, in the order they run."""
+
+    STATIC = "static"
+    COMPILE = "compile"
+    CORRECTNESS = "correctness"
+    TIMING = "timing"
+    PROFILE = "profile"
+
+
+class StaticReport(Frozen):
+    """What the AST check found: reasons to reject, and warnings for the model."""
+
+    rejections: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejections
+
+
+class CompileReport(Frozen):
+    ok: bool
+    seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    log: str = ""
+    """The compiler output, trimmed to the first errors with their lines."""
+
+
+class Mismatch(Frozen):
+    index: tuple[int, ...]
+    expected: float
+    actual: float
+
+
+class TrialOutcome(Frozen):
+    trial: int
+    seed: int
+    passed: bool
+    reason: str = ""
+    max_abs_diff: float = 0.0
+    mean_abs_diff: float = 0.0
+    rel_l2: float = 0.0
+    mismatches: tuple[Mismatch, ...] = ()
+
+
+class CorrectnessReport(Frozen):
+    passed: bool
+    trials: int
+    atol: float
+    rtol: float
+    failed_trial: int | None = None
+    reason: str = ""
+    max_abs_diff: float = 0.0
+    mean_abs_diff: float = 0.0
+    rel_l2: float = 0.0
+    mismatches: tuple[Mismatch, ...] = ()
+    outcomes: tuple[TrialOutcome, ...] = ()
+    torch_ops_in_candidate: tuple[str, ...] = ()
+    """aten compute ops the candidate ran (custom kernels are not dispatcher ops)."""
+
+    def summary(self) -> str:
+        if self.passed:
+            return f"passed {self.trials} trials (max |diff| {self.max_abs_diff:.3g})"
+        where = "; ".join(
+            f"at {list(m.index)} expected {m.expected:.6g} got {m.actual:.6g}" for m in self.mismatches[:3]
+        )
+        head = f"trial {self.failed_trial}: {self.reason}"
+        stats = f"max |diff| {self.max_abs_diff:.4g}, mean |diff| {self.mean_abs_diff:.4g}, rel L2 {self.rel_l2:.3g}"
+        return f"{head} ({stats})" + (f"; {where}" if where else "")
+
+
+class TimingStats(Frozen):
+    """Milliseconds per call over `trials` timed calls."""
+
+    median: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    trials: int
+    clock: str = Field(description="cuda-events or monotonic")
+
+
+class TimingReport(Frozen):
+    candidate: TimingStats
+    reference: TimingStats
+    reference_compiled: TimingStats | None = None
+    speedup: float
+    speedup_vs_compiled: float | None = None
+    suspicious: bool = False
+    """Speedup above the re-verification threshold; extra correctness trials were run."""
+    reverified_trials: int = 0
+
+
+class ProfileRow(Frozen):
+    name: str
+    calls: int
+    self_ms: float
+    total_ms: float
+    percent: float
+
+
+class ProfileReport(Frozen):
+    device: str
+    rows: tuple[ProfileRow, ...] = ()
+    table: str = ""
+    """A compact text table, sized for a prompt."""
+
+
+class EvalResult(Frozen):
+    """The verdict on one candidate, with what each step that ran found."""
+
+    status: EvalStatus
+    message: str = ""
+    device: str = "cpu"
+    static: StaticReport | None = None
+    compile: CompileReport | None = None
+    correctness: CorrectnessReport | None = None
+    timing: TimingReport | None = None
+    profile: ProfileReport | None = None
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    worker_log: str = ""
+    """The tail of what the candidate printed, when it failed."""
+
+    @property
+    def correct(self) -> bool:
+        return self.status is EvalStatus.CORRECT
+
+    @property
+    def speedup(self) -> float | None:
+        return self.timing.speedup if self.timing is not None and self.correct else None
+
+    def headline(self) -> str:
+        if self.status is EvalStatus.CORRECT and self.timing is not None:
+            t = self.timing
+            return (
+                f"correct: {t.candidate.median:.3f} ms vs reference {t.reference.median:.3f} ms "
+                f"(speedup {t.speedup:.2f}x)"
+            )
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"{self.status.value}: {first}" if first else self.status.value
