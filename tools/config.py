@@ -48,7 +48,8 @@ class EvalConfig(BaseModel):
     reverify_speedup: float = 10.0
     reverify_trials: int = 10
     profile_rows: int = 12
-    timeout_s: float = Field(600.0, description="wall-clock limit of one stage in the worker")
+    timeout_s: float = Field(300.0, description="wall-clock limit of correctness, timing and profile together")
+    compile_timeout_s: float = Field(900.0, description="wall-clock limit of loading and compiling a candidate")
     memory_limit_gb: float = Field(12.0, description="host memory of the worker process tree")
     cpu_threads: int | None = None
     """Threads for torch and OpenMP in the worker; None: the cores given to it."""

@@ -144,7 +144,8 @@ class ProfileReport(Frozen):
 class EvalResult(Frozen):
     """The verdict on one candidate, with what each step that ran found."""
 
-    status: EvalStatus
+    status: EvalStatus | None
+    """None while the stages run so far passed and the verdict is still open."""
     message: str = ""
     device: str = "cpu"
     static: StaticReport | None = None
@@ -155,6 +156,16 @@ class EvalResult(Frozen):
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     worker_log: str = ""
     """The tail of what the candidate printed, when it failed."""
+
+    def merge(self, later: EvalResult) -> EvalResult:
+        """This result followed by a later stage's: later fields win where they are set."""
+        update = {k: v for k, v in later if v is not None and k not in ("stage_seconds", "device")}
+        update["stage_seconds"] = {**self.stage_seconds, **later.stage_seconds}
+        if later.status is None:
+            update["status"] = self.status
+        else:
+            update.update(status=later.status, message=later.message, worker_log=later.worker_log)
+        return self.model_copy(update=update)
 
     @property
     def correct(self) -> bool:
@@ -171,5 +182,7 @@ class EvalResult(Frozen):
                 f"correct: {t.candidate.median:.3f} ms vs reference {t.reference.median:.3f} ms "
                 f"(speedup {t.speedup:.2f}x)"
             )
+        if self.status is None:
+            return "passed so far"
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
         return f"{self.status.value}: {first}" if first else self.status.value

@@ -1,0 +1,207 @@
+"""A content-keyed build cache around torch's `load_inline`, installed in the worker.
+
+The key covers the sources, the flags, the torch version and the device architecture, so a
+second evaluation of the same kernel reuses the built module and never calls the compiler.
+Each built module is wrapped so the evaluator can tell whether `forward` really called it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.cpp_extension as cpp_extension
+
+_ORIGINAL_LOAD_INLINE = cpp_extension.load_inline
+
+_GCC_ERROR = re.compile(r"^(?P<file>[^\s:]+\.(?:cpp|cu|h|cuh)):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<kind>(?:fatal )?error):(?P<msg>.*)$")
+_NVCC_ERROR = re.compile(r"^(?P<file>[^\s(]+\.(?:cpp|cu|h|cuh))\((?P<line>\d+)\):\s*(?P<kind>error)\s*:?(?P<msg>.*)$")
+
+
+_HARDCODED_MODULE = re.compile(r"PYBIND11_MODULE\(\s*(?!TORCH_EXTENSION_NAME)\w+")
+
+
+class CompileFailed(RuntimeError):
+    """The compiler rejected a candidate's kernel; `log` is trimmed for the model."""
+
+    def __init__(self, log: str):
+        super().__init__(log)
+        self.log = log
+
+
+@dataclass
+class CompileLedger:
+    """What the cache did while one candidate was loaded."""
+
+    hits: int = 0
+    misses: int = 0
+    seconds: float = 0.0
+    calls: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def kernel_calls(self) -> int:
+        return sum(self.calls.values())
+
+
+class CountingModule:
+    """A built extension whose functions count their calls; everything else passes through."""
+
+    def __init__(self, module: Any, ledger: CompileLedger):
+        self._module = module
+        self._ledger = ledger
+        self._wrapped: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._module, name)
+        if not callable(attr) or name.startswith("__"):
+            return attr
+        if name not in self._wrapped:
+            ledger, qualified = self._ledger, f"{getattr(self._module, '__name__', '?')}.{name}"
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                ledger.calls[qualified] = ledger.calls.get(qualified, 0) + 1
+                if not torch.autograd._profiler_enabled():
+                    return attr(*args, **kwargs)
+                # Named in the profiler's table: pybind functions are not dispatcher ops.
+                with torch.profiler.record_function(f"kernel::{name}"):
+                    return attr(*args, **kwargs)
+
+            counted.__name__ = name
+            counted.__doc__ = getattr(attr, "__doc__", None)
+            self._wrapped[name] = counted
+        return self._wrapped[name]
+
+
+def device_arch() -> str:
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return "cpu"
+
+
+def cache_key(payload: dict[str, Any]) -> str:
+    blob = json.dumps({**payload, "torch": torch.__version__, "arch": device_arch()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def locate(haystack: str, snippet: str) -> int | None:
+    """1-based line in `haystack` where `snippet` starts, matching its first non-blank line."""
+    first = next((line.strip() for line in snippet.splitlines() if line.strip()), None)
+    if first is None:
+        return None
+    offset_in_snippet = next(i for i, line in enumerate(snippet.splitlines()) if line.strip() == first)
+    for number, line in enumerate(haystack.splitlines(), start=1):
+        if line.strip() == first:
+            return number - offset_in_snippet
+    return None
+
+
+def trim_compiler_log(raw: str, line_maps: dict[str, tuple[int, int | None]], max_errors: int = 5) -> str:
+    """The first errors with their source lines, mapped back to the candidate's own lines.
+
+    `line_maps` gives, per generated file name (main.cpp, cuda.cu), how many lines the build
+    prepended and where that source starts in the candidate file.
+    """
+    lines = raw.splitlines()
+    picked: list[str] = []
+    errors = 0
+    for i, line in enumerate(lines):
+        match = _GCC_ERROR.match(line.strip()) or _NVCC_ERROR.match(line.strip())
+        if match is None:
+            continue
+        errors += 1
+        if errors > max_errors:
+            break
+        fname = Path(match["file"]).name
+        lineno = int(match["line"])
+        where = f"{fname}:{lineno}"
+        prepended, start = line_maps.get(fname, (0, None))
+        if start is not None and lineno > prepended:
+            where = f"line {start + lineno - prepended - 1} of the candidate ({fname}:{lineno})"
+        picked.append(f"{where}: {match['kind']}:{match['msg']}")
+        # gcc follows an error with the offending source line and a caret.
+        for context in lines[i + 1 : i + 3]:
+            if _GCC_ERROR.match(context.strip()) or _NVCC_ERROR.match(context.strip()) or "In function" in context:
+                break
+            picked.append("    " + context.rstrip())
+    if not picked:
+        useful = [ln for ln in lines if ln.strip() and not ln.startswith("[")]
+        return "\n".join(useful[-30:])[-4000:]
+    if errors > max_errors:
+        picked.append(f"(more errors follow; fix these first)")
+    return "\n".join(picked)[:6000]
+
+
+class CompileCache:
+    """Replaces `load_inline` in the worker with a cached, counting version."""
+
+    def __init__(self, root: Path, candidate_source: str = ""):
+        self.root = root
+        self.candidate_source = candidate_source
+        self.ledger = CompileLedger()
+
+    def begin(self, candidate_source: str) -> CompileLedger:
+        self.candidate_source = candidate_source
+        self.ledger = CompileLedger()
+        return self.ledger
+
+    def install(self) -> None:
+        cpp_extension.load_inline = self.load_inline
+
+    def load_inline(self, name: str, cpp_sources: Any, cuda_sources: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise TypeError("pass load_inline's options by keyword (functions=..., extra_cflags=...)")
+        cpp = _as_list(cpp_sources)
+        cuda = _as_list(cuda_sources)
+        flags = {k: kwargs.get(k) for k in sorted(kwargs) if k not in ("verbose", "build_directory")}
+        key = cache_key({"name": name, "cpp": cpp, "cuda": cuda, "flags": flags})
+        # A unique module name per key keeps torch's in-process versioning (name_v1, ...) out of
+        # the way, so a fresh worker finds the same .so; only a hard-coded module name keeps its own.
+        if not _HARDCODED_MODULE.search("\n".join(cpp)):
+            name = f"{name}_{key[:12]}"
+        build_dir = self.root / "extensions" / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        hit = (build_dir / f"{name}.so").exists()
+        failed_log = build_dir / "compile_error.log"
+        if failed_log.exists():
+            # The same sources and flags failed before; the compiler would say the same again.
+            self.ledger.hits += 1
+            raise CompileFailed(failed_log.read_text())
+        kwargs.pop("verbose", None)
+        kwargs.pop("build_directory", None)
+        started = time.perf_counter()
+        try:
+            module = _ORIGINAL_LOAD_INLINE(
+                name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **kwargs
+            )
+        except RuntimeError as exc:
+            text = str(exc)
+            if "Error building extension" not in text:
+                raise
+            header = 0 if kwargs.get("no_implicit_headers") else 1
+            maps = {
+                "main.cpp": (header, locate(self.candidate_source, "\n".join(cpp))),
+                "cuda.cu": (3 * header, locate(self.candidate_source, "\n".join(cuda)) if cuda else None),
+            }
+            trimmed = trim_compiler_log(text, maps)
+            failed_log.write_text(trimmed)
+            raise CompileFailed(trimmed) from None
+        finally:
+            self.ledger.seconds += time.perf_counter() - started
+        if hit:
+            self.ledger.hits += 1
+        else:
+            self.ledger.misses += 1
+        return CountingModule(module, self.ledger)

@@ -1,0 +1,318 @@
+"""Correctness: fresh seeded inputs and weights per trial, compared with guards against known hacks.
+
+Guards, each with a test:
+- the reference's output memory is overwritten with NaN before the candidate runs, so a
+  candidate returning uninitialised memory (which would still hold the answer) fails;
+- inputs are compared before and after the candidate's call, so mutating them fails;
+- every trial has fresh inputs, so an output cached across calls fails;
+- a relative L2 error against the reference's norm, so an all-zero or constant output fails
+  even where the absolute tolerance alone would let it pass;
+- the aten compute ops each side ran are recorded; a candidate that runs every compute op of
+  the reference is only wrapping PyTorch, and is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tools.config import EvalConfig
+from tools.programs import Program, clone_args, tensors_of
+from tools.results import CorrectnessReport, Mismatch, TrialOutcome
+
+# aten ops that move, view or allocate data; everything else counts as compute.
+_NON_COMPUTE = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "fill", "fill_",
+    "zero_", "view", "_unsafe_view", "reshape", "_reshape_alias", "contiguous", "clone", "copy_",
+    "copy", "_to_copy", "to", "t", "transpose", "permute", "expand", "as_strided", "detach", "alias",
+    "select", "slice", "unsqueeze", "squeeze", "unbind", "split", "split_with_sizes", "chunk",
+    "narrow", "flatten", "unflatten", "lift_fresh", "resize_", "set_", "is_nonzero", "item",
+    "_local_scalar_dense", "arange", "rand", "randn", "normal_", "uniform_", "random_", "randint",
+    "bernoulli_", "stride", "size", "numel", "dim", "sym_size", "sym_stride", "sym_numel",
+    "_has_compatible_shallow_copy_type", "record_stream", "cat", "stack", "index_select",
+    "_reshape_copy", "view_as", "expand_as", "repeat", "result_type", "scalar_tensor",
+}
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records the aten compute ops reached, also from inside C++ extensions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func._schema.name.split("::")[-1]
+        if name not in _NON_COMPUTE:
+            self.ops.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+def synchronize(device: torch.device) -> None:
+    # Device-wide: covers work the candidate left on any stream.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def poison_freed_memory(device: torch.device, max_blocks: int = 4096) -> int:
+    """Fill the CUDA caching allocator's free blocks with NaN; returns how many were filled.
+
+    Each free block is taken back by asking for exactly its size (best fit), filled, and
+    released once all are held, so a later `torch.empty` sees NaN instead of stale results.
+    """
+    if device.type != "cuda":
+        return 0
+    held: list[torch.Tensor] = []
+    sizes = [
+        block["size"]
+        for segment in torch.cuda.memory_snapshot()
+        if segment.get("device", device.index or 0) == (device.index or 0)
+        for block in segment["blocks"]
+        if block["state"] == "inactive" and block["size"] >= 512
+    ]
+    for size in sorted(sizes, reverse=True)[:max_blocks]:
+        try:
+            held.append(torch.full((size // 4,), float("nan"), dtype=torch.float32, device=device))
+        except torch.OutOfMemoryError:
+            break
+    count = len(held)
+    del held
+    return count
+
+
+def poison(outputs: list[torch.Tensor]) -> None:
+    """Overwrite the reference's own output buffers before they are freed (CPU and CUDA)."""
+    for tensor in outputs:
+        if tensor.is_floating_point() or tensor.is_complex():
+            tensor.detach().fill_(float("nan"))
+        else:
+            tensor.detach().fill_(-7)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    passed: bool
+    reason: str
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    mismatches: tuple[Mismatch, ...]
+
+
+def _mismatches(expected: torch.Tensor, actual: torch.Tensor, bad: torch.Tensor, limit: int = 5) -> tuple[Mismatch, ...]:
+    diff = (actual.double() - expected.double()).abs().nan_to_num(nan=math.inf, posinf=math.inf)
+    diff = torch.where(bad, diff, torch.zeros_like(diff)).flatten()
+    k = min(limit, int(bad.sum().item()))
+    if k == 0:
+        return ()
+    _, flat_idx = torch.topk(diff, k)
+    found = []
+    for flat in flat_idx.tolist():
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
+        found.append(Mismatch(index=index, expected=float(expected[index]), actual=float(actual[index])))
+    return tuple(found)
+
+
+def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "output") -> Comparison:
+    if not isinstance(actual, torch.Tensor):
+        return Comparison(False, f"{which} is a {type(actual).__name__}, expected a tensor", 0, 0, 0, ())
+    if actual.shape != expected.shape:
+        return Comparison(False, f"{which} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}", 0, 0, 0, ())
+    if actual.dtype != expected.dtype:
+        return Comparison(False, f"{which} has dtype {actual.dtype}, expected {expected.dtype}", 0, 0, 0, ())
+    if actual.device != expected.device:
+        actual = actual.to(expected.device)
+    if not expected.is_floating_point():
+        equal = bool(torch.equal(actual, expected))
+        bad = actual != expected
+        return Comparison(equal, "" if equal else f"{which} differs", 0, 0, 0, () if equal else _mismatches(expected, actual, bad))
+    tol = cfg.tolerance(str(expected.dtype)) or cfg.tolerance("float32")
+    assert tol is not None
+    exp = expected.float()
+    act = actual.float()
+    diff = (act - exp).abs()
+    finite_ref = torch.isfinite(exp)
+    # A NaN or inf where the reference is finite is wrong whatever the tolerance says.
+    bad = ~(diff <= tol.atol + tol.rtol * exp.abs()) & finite_ref
+    bad |= ~finite_ref & ~((act == exp) | (act.isnan() & exp.isnan()))
+    ok_diff = diff[finite_ref & torch.isfinite(act)]
+    max_abs = float(diff.nan_to_num(nan=math.inf).max()) if diff.numel() else 0.0
+    mean_abs = float(ok_diff.mean()) if ok_diff.numel() else 0.0
+    ref_norm = float(torch.linalg.vector_norm(exp[finite_ref])) if finite_ref.any() else 0.0
+    err_norm = float(torch.linalg.vector_norm((act - exp)[finite_ref])) if finite_ref.any() else 0.0
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if math.isnan(rel_l2):
+        rel_l2 = math.inf
+    n_bad = int(bad.sum())
+    reason = ""
+    if n_bad:
+        reason = f"{which}: {n_bad} of {exp.numel()} values outside atol={tol.atol:g}, rtol={tol.rtol:g}"
+    elif rel_l2 > tol.rtol:
+        reason = (
+            f"{which}: relative L2 error {rel_l2:.3g} exceeds {tol.rtol:g} although each value is within "
+            f"atol; the output is too far from the reference as a whole"
+        )
+    finite_exp = exp[finite_ref]
+    if finite_exp.numel() > 1 and float(finite_exp.max() - finite_exp.min()) > 0:
+        first_value = act.flatten()[0]
+        if bool((act == first_value).all()):
+            value = float(first_value)
+            reason = (
+                f"{which} is all zeros; the reference is not" if value == 0
+                else f"{which} is constant ({value:.6g}); the reference is not"
+            )
+    mism = _mismatches(exp, act, bad) if n_bad else ()
+    return Comparison(not reason, reason, max_abs, mean_abs, rel_l2, mism)
+
+
+def _inputs_changed(before: list[Any], after: list[Any]) -> str:
+    for i, (b, a) in enumerate(zip(before, after)):
+        if isinstance(b, torch.Tensor):
+            same = b.shape == a.shape and bool(torch.equal(b.nan_to_num(nan=0.5), a.nan_to_num(nan=0.5)))
+            if not same:
+                return f"the candidate modified input {i} in place; inputs must be left unchanged"
+    return ""
+
+
+@dataclass
+class TrialContext:
+    """Worker-side state the correctness check needs besides the program."""
+
+    kernel_calls: Any  # () -> int, calls into compiled kernels so far
+    integrity: Any  # () -> str, non-empty when timers or sync were tampered with
+
+
+def _fail(trial: int, seed: int, reason: str, cmp: Comparison | None = None) -> TrialOutcome:
+    if cmp is None:
+        return TrialOutcome(trial=trial, seed=seed, passed=False, reason=reason)
+    return TrialOutcome(
+        trial=trial, seed=seed, passed=False, reason=reason, max_abs_diff=cmp.max_abs,
+        mean_abs_diff=cmp.mean_abs, rel_l2=cmp.rel_l2, mismatches=cmp.mismatches,
+    )
+
+
+class Rejected(Exception):
+    """A trial found a hack rather than a wrong answer."""
+
+
+def _judge_call(
+    program: Program, ref_model: Any, new_model: Any, inputs: list[Any], cfg: EvalConfig, ctx: TrialContext, record_ops: bool
+) -> tuple[Comparison, set[str], set[str]]:
+    """One reference call and one candidate call on the same inputs, with every guard applied."""
+    device = program.device
+    ref_ops: set[str] = set()
+    new_ops: set[str] = set()
+    with torch.no_grad():
+        ref_in = clone_args(inputs)
+        with OpRecorder() if record_ops else _Null() as rec:
+            ref_out = ref_model(*ref_in)
+        ref_ops = rec.ops if record_ops else set()
+        synchronize(device)
+        expected = [t.detach().clone() for t in tensors_of(ref_out)]
+        poison(tensors_of(ref_out))
+        del ref_out, ref_in
+        synchronize(device)
+        poison_freed_memory(device)
+
+        cand_in = clone_args(inputs)
+        calls_before = ctx.kernel_calls()
+        with OpRecorder() if record_ops else _Null() as rec:
+            out = new_model(*cand_in)
+        new_ops = rec.ops if record_ops else set()
+        synchronize(device)
+
+    tampered = ctx.integrity()
+    if tampered:
+        raise Rejected(tampered)
+    if ctx.kernel_calls() == calls_before:
+        raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
+    changed = _inputs_changed(inputs, cand_in)
+    if changed:
+        raise Rejected(changed)
+    actual = tensors_of(out)
+    if len(actual) != len(expected):
+        return Comparison(False, f"returned {len(actual)} tensors, expected {len(expected)}", 0, 0, 0, ()), ref_ops, new_ops
+    worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
+    for i, (exp, act) in enumerate(zip(expected, actual)):
+        cmp = compare(exp, act, cfg, which="output" if len(expected) == 1 else f"output {i}")
+        if not cmp.passed:
+            return cmp, ref_ops, new_ops
+        if cmp.max_abs >= worst.max_abs:
+            worst = cmp
+    return worst, ref_ops, new_ops
+
+
+class _Null:
+    ops: set[str] = set()
+
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, ctx: TrialContext, record_ops: bool) -> tuple[TrialOutcome, set[str], set[str]]:
+    """Fresh weights from the trial's seed, then two calls of the same instance on two fresh
+    input sets: an output cached inside the instance fails the second call."""
+    ref_model = program.reference(seed)
+    new_model = program.new_model(seed, reference=ref_model)
+    ref_ops: set[str] = set()
+    new_ops: set[str] = set()
+    worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
+    for call, input_seed in enumerate((seed + 1_000_003, seed + 2_000_003)):
+        inputs = program.inputs(input_seed)
+        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, ctx, record_ops and call == 0)
+        ref_ops |= r_ops
+        new_ops |= n_ops
+        if not cmp.passed:
+            reason = cmp.reason if call == 0 else f"{cmp.reason} (on the second call of the same model: is an output cached?)"
+            return _fail(trial, seed, reason, cmp), ref_ops, new_ops
+        if cmp.max_abs >= worst.max_abs:
+            worst = cmp
+    outcome = TrialOutcome(trial=trial, seed=seed, passed=True, max_abs_diff=worst.max_abs, mean_abs_diff=worst.mean_abs, rel_l2=worst.rel_l2)
+    return outcome, ref_ops, new_ops
+
+
+def verify_after_timing(program: Program, cfg: EvalConfig, ctx: TrialContext, ref_model: Any, new_model: Any, seed: int) -> Comparison:
+    """The timed instance, called once more on inputs it has never seen."""
+    cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed), cfg, ctx, record_ops=False)
+    return cmp
+
+
+def check_correctness(program: Program, cfg: EvalConfig, ctx: TrialContext, trials: int | None = None, first_seed: int | None = None) -> CorrectnessReport:
+    """Run the trials; raises Rejected for a hack, returns a report for right or wrong answers."""
+    n = trials or cfg.correctness_trials
+    base = cfg.seed if first_seed is None else first_seed
+    tol = cfg.tolerance("float32")
+    assert tol is not None
+    outcomes: list[TrialOutcome] = []
+    torch_ops: set[str] = set()
+    for trial in range(n):
+        seed = base + trial
+        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, ctx, record_ops=trial == 0)
+        if trial == 0:
+            torch_ops = new_ops
+            if ref_ops and ref_ops <= new_ops:
+                raise Rejected(
+                    "ModelNew runs every compute op of the reference ("
+                    + ", ".join(f"aten::{op}" for op in sorted(ref_ops))
+                    + "); it wraps PyTorch instead of replacing it with a kernel"
+                )
+        outcomes.append(outcome)
+        if not outcome.passed:
+            return CorrectnessReport(
+                passed=False, trials=n, atol=tol.atol, rtol=tol.rtol, failed_trial=trial, reason=outcome.reason,
+                max_abs_diff=outcome.max_abs_diff, mean_abs_diff=outcome.mean_abs_diff, rel_l2=outcome.rel_l2,
+                mismatches=outcome.mismatches, outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
+            )
+    return CorrectnessReport(
+        passed=True, trials=n, atol=tol.atol, rtol=tol.rtol,
+        max_abs_diff=max(o.max_abs_diff for o in outcomes), mean_abs_diff=sum(o.mean_abs_diff for o in outcomes) / n,
+        rel_l2=max(o.rel_l2 for o in outcomes), outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
+    )

@@ -1,0 +1,92 @@
+"""The evaluator's Python API: static check, then compile, correctness, timing and profile in a worker.
+
+    with Evaluator(EvalConfig(device="cpu")) as ev:
+        result = ev.evaluate(TaskProgram(name="relu", source=ref), candidate_source)
+        print(result.headline())
+
+The agent calls the same stages one at a time (`run(..., stages=...)`); a failed stage ends the
+evaluation with its status, and later stages are not run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+
+from tools.config import EvalConfig
+from tools.jobs import EvalJob, TaskProgram
+from tools.results import EvalResult, EvalStatus, Stage, StaticReport
+from tools.static_check import check_candidate
+from tools.worker import Worker
+
+log = structlog.get_logger()
+
+ALL_STAGES: tuple[Stage, ...] = tuple(Stage)
+_RUN_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
+
+
+class Evaluator:
+    """Judges candidates for one device through one reusable worker."""
+
+    def __init__(self, config: EvalConfig, worker: Worker | None = None):
+        self.config = config
+        self.worker = worker or Worker(
+            device=config.device,
+            cache_dir=config.cache_dir,
+            memory_limit_gb=config.memory_limit_gb,
+            threads=config.cpu_threads,
+        )
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def static(self, candidate: str) -> StaticReport:
+        return check_candidate(candidate, backend=self.config.kernel_backend)
+
+    def evaluate(self, task: TaskProgram, candidate: str) -> EvalResult:
+        """Every stage, in order; the first failure decides the status."""
+        result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE))
+        if result.status is not None:
+            return result
+        return result.merge(self.run(task, candidate, _RUN_STAGES))
+
+    def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
+        """The given stages only. Status None means they all passed and the verdict is open;
+        after the correctness stage a pass is `correct`."""
+        device = self.config.device
+        stage_set = tuple(s for s in Stage if s in stages)
+        static = None
+        seconds: dict[str, float] = {}
+        if Stage.STATIC in stage_set:
+            started = time.perf_counter()
+            static = self.static(candidate)
+            seconds[Stage.STATIC.value] = time.perf_counter() - started
+            if not static.ok:
+                return EvalResult(status=EvalStatus.REJECTED, message="\n".join(static.rejections), device=device, static=static, stage_seconds=seconds)
+        worker_stages = tuple(s for s in stage_set if s is not Stage.STATIC)
+        if not worker_stages:
+            return EvalResult(status=None, device=device, static=static, stage_seconds=seconds)
+        job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=worker_stages, config=self.config)
+        timeout = self.config.compile_timeout_s if worker_stages == (Stage.COMPILE,) else self.config.timeout_s
+        if Stage.COMPILE in worker_stages and len(worker_stages) > 1:
+            timeout = self.config.compile_timeout_s + self.config.timeout_s
+        reply, printed = self.worker.run(job, timeout)
+        seconds.update(reply.stage_seconds)
+        status = reply.failure
+        if status is None and Stage.CORRECTNESS in worker_stages:
+            status = EvalStatus.CORRECT
+        result = EvalResult(
+            status=status, message=reply.message, device=device, static=static, compile=reply.compile,
+            correctness=reply.correctness, timing=reply.timing, profile=reply.profile, stage_seconds=seconds,
+            worker_log=printed[-2000:] if reply.failure else "",
+        )
+        log.info("evaluated", task=task.name, stages=[s.value for s in worker_stages], status=result.status.value if result.status else "passed")
+        return result

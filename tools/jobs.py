@@ -1,0 +1,42 @@
+"""What the parent asks a worker to do, and what comes back over the pipe."""
+
+from __future__ import annotations
+
+from tools.config import EvalConfig
+from tools.results import (
+    CompileReport,
+    CorrectnessReport,
+    EvalStatus,
+    Frozen,
+    ProfileReport,
+    Stage,
+    TimingReport,
+)
+
+
+class TaskProgram(Frozen):
+    """A KernelBench-format reference program, with the sizes for the device already chosen."""
+
+    name: str
+    source: str
+
+
+class EvalJob(Frozen):
+    task_name: str
+    task_source: str
+    candidate_source: str
+    stages: tuple[Stage, ...]
+    config: EvalConfig
+
+
+class JobReply(Frozen):
+    failure: EvalStatus | None = None
+    """None when every requested stage passed."""
+    message: str = ""
+    compile: CompileReport | None = None
+    correctness: CorrectnessReport | None = None
+    timing: TimingReport | None = None
+    profile: ProfileReport | None = None
+    stage_seconds: dict[str, float] = {}
+    fatal: bool = False
+    """The worker's state is unusable (a CUDA fault): the parent replaces it."""

@@ -1,0 +1,72 @@
+"""Profile: the candidate's top operators and kernels by device time, as a compact table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tools.programs import clone_args
+from tools.results import ProfileReport, ProfileRow
+
+_NAME_WIDTH = 48
+
+
+def _self_device_us(event: Any, cuda: bool) -> float:
+    if cuda:
+        for attr in ("self_device_time_total", "self_cuda_time_total"):
+            if hasattr(event, attr):
+                return float(getattr(event, attr))
+    return float(event.self_cpu_time_total)
+
+
+def _total_device_us(event: Any, cuda: bool) -> float:
+    if cuda:
+        for attr in ("device_time_total", "cuda_time_total"):
+            if hasattr(event, attr):
+                return float(getattr(event, attr))
+    return float(event.cpu_time_total)
+
+
+def render(rows: list[ProfileRow], device: str) -> str:
+    head = f"{'operator / kernel':<{_NAME_WIDTH}} {'calls':>6} {'self ms':>9} {'total ms':>9} {'self %':>7}"
+    lines = [f"top operators by self {device} time, per forward", head, "-" * len(head)]
+    for row in rows:
+        name = row.name if len(row.name) <= _NAME_WIDTH else row.name[: _NAME_WIDTH - 1] + "…"
+        lines.append(f"{name:<{_NAME_WIDTH}} {row.calls:>6} {row.self_ms:>9.3f} {row.total_ms:>9.3f} {row.percent:>6.1f}%")
+    return "\n".join(lines)
+
+
+def profile_forward(fn: Callable[..., Any], inputs: list[Any], device: torch.device, iterations: int = 3, rows: int = 12) -> ProfileReport:
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.no_grad():
+        fn(*clone_args(inputs))
+        if cuda:
+            torch.cuda.synchronize(device)
+        with profile(activities=activities) as prof:
+            for _ in range(iterations):
+                fn(*clone_args(inputs))
+            if cuda:
+                torch.cuda.synchronize(device)
+    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    # Clones made for the call are ours, not the candidate's.
+    events = [e for e in events if e.key not in ("aten::clone", "aten::empty_strided", "aten::copy_") or cuda]
+    timed = [(e, _self_device_us(e, cuda)) for e in events]
+    total = sum(t for _, t in timed) or 1.0
+    timed.sort(key=lambda pair: pair[1], reverse=True)
+    picked = [
+        ProfileRow(
+            name=e.key,
+            calls=max(1, e.count // iterations),
+            self_ms=t / 1000 / iterations,
+            total_ms=_total_device_us(e, cuda) / 1000 / iterations,
+            percent=100 * t / total,
+        )
+        for e, t in timed[:rows]
+        if t > 0
+    ]
+    label = "CUDA" if cuda else "CPU"
+    return ProfileReport(device=label, rows=tuple(picked), table=render(picked, label))

@@ -1,0 +1,113 @@
+"""Loading a task and a candidate into the worker, and building seeded models and inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def import_source(source: str, kind: str, workdir: Path) -> ModuleType:
+    """Import a program from a real file: tracebacks show its lines, and Triton can read it."""
+    digest = source_hash(source)
+    name = f"refinery_{kind}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = workdir / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+def clone_args(args: list[Any]) -> list[Any]:
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in a model's output, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_of(v)]
+    if isinstance(value, dict):
+        return [t for k in sorted(value) for t in tensors_of(value[k])]
+    return []
+
+
+@dataclass
+class Program:
+    """A loaded task and candidate: seeded construction of both models and of inputs."""
+
+    task: ModuleType
+    candidate: ModuleType
+    device: torch.device
+
+    def init_inputs(self, seed: int) -> list[Any]:
+        torch.manual_seed(seed)
+        with self.device:
+            return to_device(list(self.task.get_init_inputs()), self.device)
+
+    def inputs(self, seed: int) -> list[Any]:
+        # Generated on the device itself, from the seed: no host-to-device copy of large inputs.
+        torch.manual_seed(seed)
+        with self.device:
+            return to_device(list(self.task.get_inputs()), self.device)
+
+    def reference(self, seed: int) -> nn.Module:
+        init = self.init_inputs(seed)
+        torch.manual_seed(seed)
+        with self.device:
+            model = self.task.Model(*init)
+        return model.to(self.device).eval()
+
+    def new_model(self, seed: int, reference: nn.Module | None = None) -> nn.Module:
+        init = self.init_inputs(seed)
+        torch.manual_seed(seed)
+        with self.device:
+            model = self.candidate.ModelNew(*init)
+        model = model.to(self.device).eval()
+        if reference is not None:
+            share_weights(reference, model)
+        return model
+
+
+def share_weights(reference: nn.Module, candidate: nn.Module) -> None:
+    """Give the candidate the reference's weights when both hold the same named tensors.
+
+    Same seed and same construction order already give the same weights; this covers a
+    candidate that builds its parameters in another order but under the same names.
+    """
+    ref_state = reference.state_dict()
+    new_state = candidate.state_dict()
+    if set(ref_state) != set(new_state):
+        return
+    if any(ref_state[k].shape != new_state[k].shape or ref_state[k].dtype != new_state[k].dtype for k in ref_state):
+        return
+    candidate.load_state_dict(ref_state)

@@ -1,0 +1,98 @@
+"""The environment and limits an untrusted candidate runs under."""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+from pathlib import Path
+
+import psutil
+
+# Variables a worker needs to build and run kernels; everything else is dropped.
+_KEEP = re.compile(
+    r"^(PATH|LANG|LC_[A-Z]+|TZ|TMPDIR|TERM|USER|LOGNAME|SHELL|PYTHONPATH|PYTHONHASHSEED|VIRTUAL_ENV"
+    r"|CC|CXX|CUDA_[A-Z_]+|CUDACXX|NVCC_[A-Z_]+|LD_LIBRARY_PATH|LIBRARY_PATH|CPATH|C_INCLUDE_PATH"
+    r"|CPLUS_INCLUDE_PATH|TORCH_CUDA_ARCH_LIST|TORCH_[A-Z_]+|MAX_JOBS|NVIDIA_[A-Z_]+|TRITON_[A-Z_]+"
+    r"|OPENBLAS_[A-Z_]+|MKL_[A-Z_]+|OMP_[A-Z_]+|KMP_[A-Z_]+|PYTORCH_[A-Z_]+|NCCL_[A-Z_]+)$"
+)
+# Even an allowed name is dropped when it looks like a credential.
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
+
+
+def scrubbed_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The parent's environment, less anything a candidate must not read."""
+    source = dict(os.environ if base is None else base)
+    env = {k: v for k, v in source.items() if _KEEP.match(k) and not _SECRET.search(k)}
+    env.update(extra)
+    return env
+
+
+def apply_limits(memory_bytes: int | None, file_bytes: int) -> None:
+    """Called in the worker before it runs anything of the candidate's.
+
+    The address-space limit is only set for CPU workers: the CUDA driver reserves far more
+    virtual memory than it uses, so CUDA workers rely on the parent's RSS watchdog instead.
+    """
+    if memory_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def limit_cpu_seconds(seconds: float) -> None:
+    """Let the worker use `seconds` more CPU time from now; SIGXCPU ends it past that."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    spent = used.ru_utime + used.ru_stime
+    soft = int(spent + seconds) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the worker's whole process group and any child that left it."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def tail(path: Path, limit: int = 4000) -> str:
+    """The last `limit` characters of a log file, for error messages."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            text = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return ("…" + text) if size > limit else text

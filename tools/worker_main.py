@@ -1,0 +1,304 @@
+"""The worker process: loads candidates, runs the evaluation stages, answers over a pipe.
+
+Started by `tools.worker.Worker` as `python -m tools.worker_main`, in its own process group, in a
+temporary directory, with a scrubbed environment and resource limits. Candidate code runs here
+and only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tools import sandbox
+from tools.compile_cache import CompileCache, CompileFailed, CompileLedger
+from tools.config import EvalConfig
+from tools.correctness import Rejected, TrialContext, check_correctness, verify_after_timing
+from tools.jobs import EvalJob, JobReply
+from tools.profiling import profile_forward
+from tools.programs import Program, import_source, source_hash
+from tools.results import CompileReport, EvalStatus, Stage, TimingReport, TimingStats
+from tools.timing import Timer
+
+_CUDA_FAULT_MARKERS = (
+    "illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure",
+    "misaligned address", "CUBLAS_STATUS_EXECUTION_FAILED", "an illegal instruction",
+)
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
+
+
+def classify(exc: BaseException) -> tuple[EvalStatus, bool]:
+    """Status for an exception raised by candidate code, and whether the worker is now unusable."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in _OOM_MARKERS):
+        return EvalStatus.OOM, False
+    accel_error = getattr(torch, "AcceleratorError", None)
+    if (accel_error is not None and isinstance(exc, accel_error)) or any(m in text for m in _CUDA_FAULT_MARKERS):
+        return EvalStatus.CUDA_FAULT, True
+    return EvalStatus.RUNTIME_ERROR, False
+
+
+def describe(exc: BaseException, limit: int = 3000) -> str:
+    """The traceback, with the worker's own frames dropped and candidate files named plainly."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    kept = [f for f in frames if "refinery_" in f.filename or "/tools/" not in f.filename]
+    lines = traceback.format_list(kept[-8:]) + traceback.format_exception_only(type(exc), exc)
+    text = "".join(lines)
+    for kind in ("candidate", "task"):
+        text = _rename(text, kind)
+    return text[-limit:]
+
+
+def _rename(text: str, kind: str) -> str:
+    import re
+
+    return re.sub(rf'File "[^"]*refinery_{kind}_[0-9a-f]+\.py"', f'File "{kind}.py"', text)
+
+
+_WATCHED = {
+    "time.perf_counter": ("time", "perf_counter"),
+    "time.perf_counter_ns": ("time", "perf_counter_ns"),
+    "time.time": ("time", "time"),
+    "time.monotonic": ("time", "monotonic"),
+    "torch.cuda.synchronize": ("torch.cuda", "synchronize"),
+    "torch.cuda.Event": ("torch.cuda", "Event"),
+    "torch.cuda.Event.record": ("torch.cuda.Event", "record"),
+    "torch.cuda.Event.elapsed_time": ("torch.cuda.Event", "elapsed_time"),
+    "torch.cuda.Event.synchronize": ("torch.cuda.Event", "synchronize"),
+    "torch.cuda.current_stream": ("torch.cuda", "current_stream"),
+    "torch.Tensor.clone": ("torch.Tensor", "clone"),
+    "torch.equal": ("torch", "equal"),
+}
+
+
+def _resolve(path: str) -> Any:
+    import importlib
+
+    head, *rest = path.split(".")
+    obj: Any = importlib.import_module(head)
+    for part in rest:
+        obj = getattr(obj, part)
+    return obj
+
+
+class Integrity:
+    """Checks that candidate code left the timers and synchronisation alone, and puts them back."""
+
+    def __init__(self) -> None:
+        self.originals = {name: getattr(_resolve(owner), attr) for name, (owner, attr) in _WATCHED.items()}
+
+    def check(self) -> str:
+        changed = []
+        for name, (owner, attr) in _WATCHED.items():
+            holder = _resolve(owner) if "Event." not in name else self.originals["torch.cuda.Event"]
+            if getattr(holder, attr) is not self.originals[name]:
+                changed.append(name)
+                setattr(holder, attr, self.originals[name])
+        if changed:
+            return f"the candidate replaced {', '.join(changed)}; timers and synchronisation must not be patched"
+        return ""
+
+
+@dataclass
+class Loaded:
+    program: Program
+    ledger: CompileLedger
+    report: CompileReport
+
+
+@dataclass
+class WorkerState:
+    device: torch.device
+    workdir: Path
+    cache: CompileCache
+    integrity: Integrity
+    loaded: dict[str, Loaded] = field(default_factory=dict)
+    baselines: dict[tuple[Any, ...], tuple[TimingStats, TimingStats | None]] = field(default_factory=dict)
+    timer: Timer | None = None
+
+
+class StageFailed(Exception):
+    def __init__(self, status: EvalStatus, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.fatal = fatal
+
+
+def _load(state: WorkerState, job: EvalJob) -> Loaded:
+    key = source_hash(job.task_source + "\0" + job.candidate_source)
+    if key in state.loaded:
+        return state.loaded[key]
+    try:
+        task = import_source(job.task_source, "task", state.workdir)
+    except Exception as exc:
+        raise StageFailed(EvalStatus.RUNTIME_ERROR, f"the task program {job.task_name} failed to load:\n{describe(exc)}") from exc
+    ledger = state.cache.begin(job.candidate_source)
+    started = time.perf_counter()
+    try:
+        candidate = import_source(job.candidate_source, "candidate", state.workdir)
+        if not hasattr(candidate, "ModelNew"):
+            raise StageFailed(EvalStatus.COMPILE_ERROR, "the candidate defines no ModelNew class")
+        program = Program(task, candidate, state.device)
+        # Kernels built in __init__ compile here, not inside a timed call.
+        program.new_model(job.config.seed)
+    except CompileFailed as exc:
+        raise StageFailed(EvalStatus.COMPILE_ERROR, exc.log) from None
+    except StageFailed:
+        raise
+    except Exception as exc:
+        status, fatal = classify(exc)
+        if status is EvalStatus.RUNTIME_ERROR:
+            status = EvalStatus.COMPILE_ERROR
+        raise StageFailed(status, f"loading the candidate failed:\n{describe(exc)}", fatal) from exc
+    report = CompileReport(ok=True, seconds=time.perf_counter() - started, cache_hits=ledger.hits, cache_misses=ledger.misses)
+    loaded = Loaded(program=program, ledger=ledger, report=report)
+    state.loaded[key] = loaded
+    return loaded
+
+
+def _context(state: WorkerState, loaded: Loaded) -> TrialContext:
+    return TrialContext(kernel_calls=lambda: loaded.ledger.kernel_calls, integrity=state.integrity.check)
+
+
+def _correctness(state: WorkerState, job: EvalJob, loaded: Loaded) -> Any:
+    report = check_correctness(loaded.program, job.config, _context(state, loaded))
+    if not report.passed:
+        raise StageFailed(EvalStatus.INCORRECT, report.summary(), False)
+    return report
+
+
+def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
+    cfg = job.config
+    program = loaded.program
+    if state.timer is None:
+        state.timer = Timer(state.device)
+    timer = state.timer
+    ref_model = program.reference(cfg.seed)
+    new_model = program.new_model(cfg.seed, reference=ref_model)
+    input_sets = [program.inputs(cfg.seed + 1_000_003), program.inputs(cfg.seed + 2_000_003)]
+    baseline_key = (source_hash(job.task_source), cfg.warmup, cfg.trials, cfg.time_compiled_reference, cfg.seed)
+    if baseline_key not in state.baselines:
+        reference = timer.time(ref_model, input_sets, cfg.warmup, cfg.trials)
+        compiled = None
+        if cfg.time_compiled_reference:
+            try:
+                compiled = timer.time(torch.compile(ref_model), input_sets, max(cfg.warmup, 1), cfg.trials)
+            except Exception as exc:  # torch.compile can fail on a machine without a toolchain
+                print(f"torch.compile of the reference failed, no compiled baseline: {exc}", file=sys.stderr)
+        state.baselines[baseline_key] = (reference, compiled)
+    reference, compiled = state.baselines[baseline_key]
+    candidate = timer.time(new_model, input_sets, cfg.warmup, cfg.trials)
+    tampered = state.integrity.check()
+    if tampered:
+        raise StageFailed(EvalStatus.REJECTED, tampered)
+    after = verify_after_timing(program, cfg, _context(state, loaded), ref_model, new_model, cfg.seed + 3_000_003)
+    if not after.passed:
+        raise StageFailed(EvalStatus.INCORRECT, f"after timing, on new inputs: {after.reason} (is an output cached across calls?)")
+    speedup = reference.median / candidate.median if candidate.median > 0 else float("inf")
+    reverified = 0
+    if speedup > cfg.reverify_speedup:
+        # An implausible speedup is checked again on new seeds before it is believed.
+        again = check_correctness(program, cfg, _context(state, loaded), trials=cfg.reverify_trials, first_seed=cfg.seed + 10_000)
+        if not again.passed:
+            raise StageFailed(EvalStatus.INCORRECT, f"speedup {speedup:.1f}x failed re-verification: {again.summary()}")
+        reverified = cfg.reverify_trials
+    return TimingReport(
+        candidate=candidate, reference=reference, reference_compiled=compiled, speedup=speedup,
+        speedup_vs_compiled=(compiled.median / candidate.median) if compiled and candidate.median > 0 else None,
+        suspicious=speedup > cfg.reverify_speedup, reverified_trials=reverified,
+    )
+
+
+def run_job(state: WorkerState, job: EvalJob) -> JobReply:
+    seconds: dict[str, float] = {}
+    parts: dict[str, Any] = {}
+    stage = Stage.COMPILE
+    try:
+        started = time.perf_counter()
+        loaded = _load(state, job)
+        if Stage.COMPILE in job.stages:
+            seconds[Stage.COMPILE.value] = time.perf_counter() - started
+            parts["compile"] = loaded.report
+        for stage in job.stages:
+            started = time.perf_counter()
+            if stage is Stage.CORRECTNESS:
+                parts["correctness"] = _correctness(state, job, loaded)
+            elif stage is Stage.TIMING:
+                parts["timing"] = _timing(state, job, loaded)
+            elif stage is Stage.PROFILE:
+                inputs = loaded.program.inputs(job.config.seed + 1_000_003)
+                model = loaded.program.new_model(job.config.seed)
+                parts["profile"] = profile_forward(model, inputs, state.device, rows=job.config.profile_rows)
+            else:
+                continue
+            seconds[stage.value] = time.perf_counter() - started
+    except StageFailed as exc:
+        if exc.status is EvalStatus.COMPILE_ERROR:
+            parts["compile"] = CompileReport(ok=False, log=exc.message, seconds=time.perf_counter() - started)
+        return JobReply(failure=exc.status, message=exc.message, stage_seconds=seconds, fatal=exc.fatal, **parts)
+    except Rejected as exc:
+        return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, **parts)
+    except Exception as exc:
+        status, fatal = classify(exc)
+        return JobReply(failure=status, message=f"{stage.value}: {describe(exc)}", stage_seconds=seconds, fatal=fatal, **parts)
+    return JobReply(stage_seconds=seconds, **parts)
+
+
+def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> None:
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        # What the candidate prints goes to this job's log only.
+        for fd in (1, 2):
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+        sandbox.limit_cpu_seconds(cpu_seconds_per_job)
+        reply = run_job(state, job)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send(reply)
+        if reply.fatal:
+            return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--memory-bytes", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--cpu-seconds-per-job", type=float, default=3600)
+    args = parser.parse_args()
+    conn = Connection(args.fd)
+    device = torch.device(args.device)
+    sandbox.apply_limits(args.memory_bytes or None, file_bytes=4 << 30)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # Event timing of a candidate's kernels must not include cuBLAS/cuDNN autotuning noise.
+        torch.backends.cudnn.benchmark = False
+    cache = CompileCache(Path(args.cache_dir))
+    cache.install()
+    state = WorkerState(device=device, workdir=Path.cwd(), cache=cache, integrity=Integrity())
+    serve(conn, state, args.cpu_seconds_per_job)
+
+
+if __name__ == "__main__":
+    main()
