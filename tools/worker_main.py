@@ -171,10 +171,7 @@ def _context(state: WorkerState, loaded: Loaded) -> TrialContext:
 
 
 def _correctness(state: WorkerState, job: EvalJob, loaded: Loaded) -> Any:
-    report = check_correctness(loaded.program, job.config, _context(state, loaded))
-    if not report.passed:
-        raise StageFailed(EvalStatus.INCORRECT, report.summary(), False)
-    return report
+    return check_correctness(loaded.program, job.config, _context(state, loaded))
 
 
 def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
@@ -232,7 +229,9 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
         for stage in job.stages:
             started = time.perf_counter()
             if stage is Stage.CORRECTNESS:
-                parts["correctness"] = _correctness(state, job, loaded)
+                parts["correctness"] = report = _correctness(state, job, loaded)
+                if not report.passed:
+                    raise StageFailed(EvalStatus.INCORRECT, report.summary())
             elif stage is Stage.TIMING:
                 parts["timing"] = _timing(state, job, loaded)
             elif stage is Stage.PROFILE:

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from candidates import task_source  # noqa: E402
+
+from tools.config import EvalConfig  # noqa: E402
+from tools.jobs import TaskProgram  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build cache for the session: the shared test kernels compile once."""
+    return tmp_path_factory.mktemp("refinery-cache")
+
+
+@pytest.fixture(scope="session")
+def cpu_config(cache_dir: Path) -> EvalConfig:
+    return EvalConfig(device="cpu", trials=10, warmup=1, time_compiled_reference=False, cache_dir=cache_dir, cpu_threads=1)
+
+
+@pytest.fixture(scope="session")
+def relu_task() -> TaskProgram:
+    return TaskProgram(name="relu", source=task_source("relu_task"))
+
+
+@pytest.fixture(scope="session")
+def small_relu_task() -> TaskProgram:
+    return TaskProgram(name="small_relu", source=task_source("small_relu_task"))

@@ -1,0 +1,70 @@
+import math
+
+import pytest
+import torch
+
+from tools.config import EvalConfig
+from tools.correctness import compare
+from tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
+
+
+def outcomes() -> list[TaskOutcome]:
+    return [
+        TaskOutcome("a", correct=True, speedup=2.0),
+        TaskOutcome("b", correct=True, speedup=0.5),
+        TaskOutcome("c", correct=False, speedup=None),
+        TaskOutcome("d", correct=False, compiled=False),
+    ]
+
+
+def test_fast_p_counts_correct_and_strictly_faster_over_all_tasks() -> None:
+    r = outcomes()
+    assert fast_p(r, 0.0) == 0.5
+    assert fast_p(r, 1.0) == 0.25
+    assert fast_p(r, 2.0) == 0.0  # strictly greater than p
+    assert fast_p(r, 1.0, total=8) == 0.125  # missing tasks are failures
+    assert correctness_rate(r) == 0.5 and compile_rate(r) == 0.75
+
+
+def test_geomean_over_correct_tasks_only() -> None:
+    assert geomean_speedup(outcomes()) == pytest.approx(1.0)
+    assert geomean_speedup([TaskOutcome("x", correct=False)]) is None
+
+
+def test_fast_p_at_k_is_the_unbiased_estimator() -> None:
+    fast, slow = TaskOutcome("t", True, 2.0), TaskOutcome("t", True, 0.5)
+    samples = [[fast, slow, slow, slow]]
+    assert fast_p_at_k(samples, 1.0, k=1) == pytest.approx(0.25)
+    assert fast_p_at_k(samples, 1.0, k=2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))
+    assert fast_p_at_k(samples, 1.0, k=4) == 1.0
+
+
+def test_zero_output_passes_allclose_but_fails_relative_error() -> None:
+    expected = torch.rand(64, 64) * 1e-3
+    actual = torch.zeros_like(expected)
+    assert torch.allclose(actual, expected, atol=1e-2, rtol=1e-2)
+    verdict = compare(expected, actual, EvalConfig())
+    assert not verdict.passed and "all zeros" in verdict.reason
+
+
+def test_constant_output_fails() -> None:
+    expected = torch.rand(64, 64) * 1e-3
+    verdict = compare(expected, torch.full_like(expected, 5e-4), EvalConfig())
+    assert not verdict.passed and "constant" in verdict.reason
+
+
+def test_nan_where_reference_is_finite_fails() -> None:
+    expected = torch.rand(8, 8)
+    actual = expected.clone()
+    actual[3, 4] = float("nan")
+    verdict = compare(expected, actual, EvalConfig())
+    assert not verdict.passed
+    assert verdict.mismatches[0].index == (3, 4)
+
+
+def test_tolerance_is_configurable() -> None:
+    expected = torch.rand(32, 32) + 1
+    actual = expected * (1 + 5e-3)
+    assert compare(expected, actual, EvalConfig()).passed
+    strict = EvalConfig(tolerances={"float32": {"atol": 1e-4, "rtol": 1e-4}})
+    assert not compare(expected, actual, strict).passed
