@@ -1,0 +1,131 @@
+"""The chat model: one ChatOpenAI code path for every endpoint, with retries that suit each error.
+
+Rate limits, timeouts, dropped connections and 5xx are retried with exponential back-off and
+jitter; authentication and request errors are not, and end the run with a message saying what
+to fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import openai
+import structlog
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import RunnableConfig
+from pydantic import SecretStr
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from agent.config import ModelSettings
+from traces.schema import TokenUsage
+
+log = structlog.get_logger()
+
+RETRYABLE = (
+    openai.RateLimitError,
+    openai.APITimeoutError,
+    openai.APIConnectionError,
+    openai.InternalServerError,
+)
+FATAL = (openai.AuthenticationError, openai.PermissionDeniedError, openai.BadRequestError, openai.NotFoundError)
+
+
+class ModelCallError(RuntimeError):
+    """The endpoint refused the request for a reason retrying cannot fix."""
+
+
+@dataclass
+class ChatReply:
+    text: str
+    tokens: TokenUsage
+    retries: int
+
+
+def api_key(settings: ModelSettings) -> SecretStr | None:
+    value = os.environ.get(settings.api_key_env)
+    return SecretStr(value) if value else None
+
+
+def build_chat_model(settings: ModelSettings, base_url: str | None = None) -> BaseChatModel:
+    """A ChatOpenAI for the endpoint; `base_url` overrides the settings (the embedded server)."""
+    from langchain_openai import ChatOpenAI
+
+    url = base_url or settings.base_url
+    key = api_key(settings)
+    if key is None and url is None:
+        raise ModelCallError(
+            f"no API key: set {settings.api_key_env} (or pass --api-key-env NAME), or use --base-url for a "
+            "local OpenAI-compatible server, or --model local for the embedded model"
+        )
+    cls = ChatOpenAI
+    if base_url is not None:
+        from agent.local_model import LocalChatOpenAI
+
+        cls = LocalChatOpenAI
+    return cls(
+        model=settings.model,
+        base_url=url,
+        api_key=key or SecretStr("not-needed"),
+        temperature=settings.temperature,
+        max_tokens=settings.max_tokens,
+        timeout=settings.timeout_s,
+        max_retries=0,  # tenacity owns retries, so each is logged and counted
+    )
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("llm_retry", attempt=state.attempt_number, error=type(exc).__name__, detail=str(exc)[:200])
+
+
+def _retry_after_wait(fallback: wait_exponential_jitter):
+    """Honour a server's Retry-After header when it gives one; back off exponentially otherwise."""
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        response = getattr(exc, "response", None)
+        header = response.headers.get("retry-after") if response is not None else None
+        if header:
+            try:
+                return min(float(header), 120.0)
+            except ValueError:
+                pass
+        return fallback(state)
+
+    return wait
+
+
+def call_model(model: BaseChatModel, messages: Sequence[BaseMessage], settings: ModelSettings, config: RunnableConfig | None = None) -> ChatReply:
+    retrying = Retrying(
+        retry=retry_if_exception_type(RETRYABLE),
+        stop=stop_after_attempt(max(1, settings.retries)),
+        wait=_retry_after_wait(wait_exponential_jitter(initial=1, max=60, jitter=2)),
+        before_sleep=_log_retry,
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                message = model.invoke(list(messages), config=config)
+    except FATAL as exc:
+        status = getattr(exc, "status_code", "?")
+        raise ModelCallError(
+            f"the model endpoint refused the request (HTTP {status}, {type(exc).__name__}): {exc.message if hasattr(exc, 'message') else exc}. "
+            "Check the model name, --base-url and the API key variable; retrying will not help."
+        ) from None
+    assert isinstance(message, AIMessage)
+    usage = message.usage_metadata or {}
+    tokens = TokenUsage(prompt=int(usage.get("input_tokens", 0)), completion=int(usage.get("output_tokens", 0)))
+    text = message.content if isinstance(message.content, str) else "".join(
+        part.get("text", "") if isinstance(part, dict) else str(part) for part in message.content
+    )
+    return ChatReply(text=text, tokens=tokens, retries=retrying.statistics.get("attempt_number", 1) - 1)

@@ -1,0 +1,88 @@
+"""Prompt text for a turn, from the raw state and the feedback variant.
+
+- G: the task and the previous attempt's code, no evaluation feedback.
+- G+E: adds the verdict: compiler log, runtime error, correctness diff, or time and speedup.
+- G+E+P: adds the profiler table to a correct verdict.
+A reply the loop could not use (no code block, a syntax error) is told back in every variant:
+it is about the answer's form, not an evaluation.
+"""
+
+from __future__ import annotations
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+import prompts
+from agent.config import Variant
+from agent.state import Attempt, TaskSpec
+from tools.results import EvalResult, EvalStatus
+
+_RUN_FAILURES = (EvalStatus.RUNTIME_ERROR, EvalStatus.CUDA_FAULT, EvalStatus.TIMEOUT, EvalStatus.OOM)
+
+
+def _ms(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
+    status = result.status
+    if status is EvalStatus.COMPILE_ERROR:
+        log = result.compile.log if result.compile is not None and result.compile.log else result.message
+        return prompts.render("feedback/compile_error.j2", log=log.strip())
+    if status in _RUN_FAILURES:
+        return prompts.render("feedback/runtime_error.j2", status=status.value, message=result.message.strip(), printed=result.worker_log.strip()[-1500:])
+    if status is EvalStatus.INCORRECT:
+        summary = result.correctness.summary() if result.correctness is not None else result.message
+        return prompts.render("feedback/incorrect.j2", summary=summary)
+    if status is EvalStatus.REJECTED:
+        return prompts.render("feedback/rejected.j2", message=result.message.strip())
+    if status is EvalStatus.CORRECT and result.timing is not None:
+        t = result.timing
+        warnings = "; ".join(result.static.warnings) if result.static is not None else ""
+        profile = result.profile.table if variant.profiler and result.profile is not None else ""
+        return prompts.render(
+            "feedback/correct.j2",
+            candidate_ms=_ms(t.candidate.median),
+            reference_ms=_ms(t.reference.median),
+            compiled_ms=_ms(t.reference_compiled.median) if t.reference_compiled else "",
+            speedup=f"{t.speedup:.3g}",
+            warnings=warnings,
+            profile=profile,
+        )
+    return ""
+
+
+def turn_feedback(previous: Attempt, variant: Variant) -> str:
+    if previous.code is None:
+        head = previous.reply.strip()[:600] or "(empty reply)"
+        return prompts.render("feedback/no_code.j2", problem=previous.extract_error or "no code", reply_head=head)
+    if not variant.execution or previous.result is None:
+        return ""
+    return evaluation_feedback(previous.result, variant)
+
+
+def build_messages(
+    task: TaskSpec,
+    backend: str,
+    variant: Variant,
+    turn: int,
+    turns: int,
+    previous: Attempt | None,
+    hardware: str | None,
+    tolerance: float,
+) -> list[BaseMessage]:
+    spec = prompts.backend(backend)
+    system = prompts.render("system.j2", backend=spec, tolerance=f"{tolerance:g}")
+    user = prompts.render(
+        "task.j2",
+        example_reference=spec.example_reference,
+        example_solution=spec.example_solution,
+        hardware=hardware or "",
+        task_name=task.name,
+        task_source=task.source.strip(),
+        turn=turn,
+        turns=turns,
+        previous_code=previous.code.strip() if previous is not None and previous.code else None,
+        previous_reply=previous.reply if previous is not None else None,
+        feedback=turn_feedback(previous, variant) if previous is not None else "",
+    )
+    return [SystemMessage(content=system), HumanMessage(content=user)]

@@ -1,0 +1,90 @@
+"""Running one trajectory through the graph, checkpointed in SQLite so a killed run resumes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+from langchain_core.language_models import BaseChatModel
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from agent.config import RunConfig
+from agent.graph import build_graph
+from agent.nodes import AgentContext
+from agent.state import Attempt, TaskSpec, best_attempt
+from tools.evaluator import Evaluator
+from traces.schema import TokenUsage, TrajectoryId
+from traces.store import trace_path
+
+
+@dataclass(frozen=True)
+class TrajectoryResult:
+    trajectory: TrajectoryId
+    attempts: tuple[Attempt, ...]
+    tokens: TokenUsage
+    trace: Path
+
+    @property
+    def best(self) -> Attempt | None:
+        return best_attempt(list(self.attempts))
+
+    @property
+    def turns(self) -> int:
+        return len(self.attempts)
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints.sqlite"
+
+
+def open_checkpointer(run_dir: Path) -> SqliteSaver:
+    path = checkpoint_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One connection per trajectory thread; WAL lets parallel trajectories share the file.
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA journal_mode=WAL")
+    return SqliteSaver(conn)
+
+
+def run_trajectory(
+    task: TaskSpec,
+    config: RunConfig,
+    model: BaseChatModel,
+    evaluator: Evaluator,
+    run_dir: Path,
+    trajectory: TrajectoryId,
+    run_id: str,
+    hardware: str | None = None,
+    resume: bool = True,
+    on_turn: Callable[[Attempt], None] | None = None,
+) -> TrajectoryResult:
+    """Run (or resume, or just read back) one trajectory to its end."""
+    saver = open_checkpointer(run_dir)
+    with closing(saver.conn):
+        graph = build_graph(checkpointer=saver)
+        thread = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 8 * config.loop.turns + 20}
+        ctx = AgentContext(
+            config=config, model=model, evaluator=evaluator, run_dir=Path(run_dir), run_id=run_id,
+            trajectory=trajectory, hardware=hardware, on_turn=on_turn,
+        )
+        snapshot = graph.get_state(thread)
+        started = bool(snapshot.values)
+        if started and not resume:
+            raise FileExistsError(
+                f"trajectory {trajectory.slug} already has a checkpoint in {run_dir}; pass --resume to continue it "
+                "or choose another --run-dir"
+            )
+        if not started:
+            graph.invoke({"task": task}, thread, context=ctx)
+        elif snapshot.next:
+            graph.invoke(None, thread, context=ctx)
+        values = graph.get_state(thread).values
+    return TrajectoryResult(
+        trajectory=trajectory,
+        attempts=tuple(values.get("attempts", [])),
+        tokens=values.get("tokens", TokenUsage()),
+        trace=trace_path(run_dir, trajectory),
+    )

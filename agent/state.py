@@ -1,0 +1,80 @@
+"""The graph's state: raw data only, with finished attempts appended through a reducer.
+
+Prompt text is built inside the generate node from these fields, never stored ahead.
+"""
+
+from __future__ import annotations
+
+import operator
+from enum import Enum
+from typing import Annotated, TypedDict
+
+from pydantic import BaseModel, ConfigDict
+
+from tools.results import EvalResult
+from traces.schema import TokenUsage, TraceMessage
+
+
+class Outcome(str, Enum):
+    """What a node found; the graph's routing table maps each to the next node."""
+
+    CODE = "code"
+    NO_CODE = "no_code"
+    COMPILED = "compiled"
+    COMPILE_FAIL = "compile_fail"
+    CORRECT = "correct"
+    WRONG = "wrong"
+    TIMED = "timed"
+    CONTINUE = "continue"
+    DONE = "done"
+
+
+class TaskSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    source: str
+    """The reference program at the device's size."""
+    level: int | None = None
+
+
+class Attempt(BaseModel):
+    """One turn: the prompt, the reply, the extracted code and the verdict."""
+
+    model_config = ConfigDict(frozen=True)
+    turn: int
+    messages: tuple[TraceMessage, ...] = ()
+    reply: str = ""
+    code: str | None = None
+    extract_error: str | None = None
+    result: EvalResult | None = None
+    tokens: TokenUsage = TokenUsage()
+    phase_seconds: dict[str, float] = {}
+    started_at: str = ""
+
+    @property
+    def correct(self) -> bool:
+        return self.result is not None and self.result.correct and self.result.timing is not None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.result.speedup if self.correct and self.result is not None else None
+
+
+def best_attempt(attempts: list[Attempt]) -> Attempt | None:
+    """The fastest correct attempt; ties go to the earliest."""
+    correct = [a for a in attempts if a.correct]
+    return max(correct, key=lambda a: (a.speedup or 0.0, -a.turn)) if correct else None
+
+
+class RefineInput(TypedDict):
+    task: TaskSpec
+
+
+class RefineState(TypedDict, total=False):
+    task: TaskSpec
+    turn: int
+    draft: Attempt | None
+    """The attempt in flight; decide appends it to `attempts` when its turn ends."""
+    attempts: Annotated[list[Attempt], operator.add]
+    outcome: Outcome
+    tokens: Annotated[TokenUsage, operator.add]

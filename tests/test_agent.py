@@ -1,0 +1,203 @@
+"""The refinement graph on CPU with scripted replies that are real C++ kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from candidates import candidate
+
+from agent.config import LoopSettings, ModelSettings, RunConfig
+from agent.graph import ROUTES, build_graph
+from agent.llm import build_chat_model
+from agent.nodes import AgentContext
+from agent.runner import run_trajectory
+from agent.scripted import scripted_model
+from agent.state import Outcome, TaskSpec
+from tools.config import EvalConfig
+from tools.evaluator import Evaluator
+from tools.jobs import TaskProgram
+from traces.schema import TrajectoryId
+from traces.store import read_trace
+
+BROKEN = candidate("return ext.relu_fwd(x)").replace(
+    'cpp_source = r"""', 'cpp_source = r"""\nint broken_helper() { return undeclared_identifier; }', 1
+)
+WRONG = candidate("return ext.leaky_wrong(x)")
+RIGHT = candidate("return ext.relu_fwd(x)")
+
+
+def reply(code: str, words: str = "Here is the kernel.") -> str:
+    return f"{words}\n\n```python\n{code}```\n"
+
+
+SCRIPT = [reply(BROKEN), reply(WRONG), reply(RIGHT)]
+
+
+@pytest.fixture(scope="module")
+def evaluator(cpu_config: EvalConfig):
+    with Evaluator(cpu_config) as ev:
+        yield ev
+
+
+def make_config(cpu_config: EvalConfig, variant: str, turns: int = 5, target: float = 0.0) -> RunConfig:
+    return RunConfig(
+        llm=ModelSettings(model="scripted"),
+        loop=LoopSettings(variant=variant, turns=turns, target_speedup=target, hardware_prompt=False),
+        eval=cpu_config,
+    )
+
+
+def stream(config: RunConfig, replies: list[str], evaluator: Evaluator, relu_task: TaskProgram, run_dir: Path) -> tuple[list[str], dict[str, Any]]:
+    """Run the graph, returning the nodes in the order visited and the final state."""
+    graph = build_graph()
+    ctx = AgentContext(
+        config=config, model=scripted_model(replies), evaluator=evaluator, run_dir=run_dir, run_id="test",
+        trajectory=TrajectoryId(task="relu", variant=config.loop.variant),
+    )
+    visited: list[str] = []
+    task = TaskSpec(name=relu_task.name, source=relu_task.source, level=1)
+    for update in graph.stream({"task": task}, {"recursion_limit": 100}, context=ctx, stream_mode="updates"):
+        visited.extend(update)
+    records = read_trace(next((run_dir / "traces").glob("*.jsonl")))
+    return visited, {"records": records}
+
+
+def prompt_of(record: Any) -> str:
+    return next(m.content for m in record.messages if m.role == "human")
+
+
+def test_every_outcome_is_routed() -> None:
+    routed = {outcome for table in ROUTES.values() for outcome in table}
+    produced = set(Outcome) - {Outcome.TIMED}  # profile has a plain edge to decide
+    assert produced <= routed
+
+
+def test_compile_error_then_wrong_then_correct_under_G_E(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    visited, out = stream(make_config(cpu_config, "G+E"), SCRIPT, evaluator, relu_task, tmp_path)
+    assert visited == [
+        "generate", "extract", "compile", "decide",
+        "generate", "extract", "compile", "execute", "decide",
+        "generate", "extract", "compile", "execute", "profile", "decide",
+    ]
+    first, second, third = out["records"]
+    assert first.status == "compile_error" and second.status == "incorrect" and third.status == "correct"
+    # The next prompt carries the actual compiler error, then the actual diff.
+    assert "undeclared_identifier" in prompt_of(second) and "was not declared" in prompt_of(second)
+    assert "failed to compile" in prompt_of(second)
+    diff = second.result.correctness.mismatches[0]
+    assert f"expected {diff.expected:.6g} got {diff.actual:.6g}" in prompt_of(third)
+    assert "wrong results" in prompt_of(third)
+    # Early stop at the target: 3 of 5 turns used.
+    assert len(out["records"]) == 3
+    assert third.result.timing is not None and third.tokens.total > 0
+
+
+def test_G_carries_the_previous_code_but_no_evaluation(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    _, out = stream(make_config(cpu_config, "G"), SCRIPT, evaluator, relu_task, tmp_path)
+    _, second, third = out["records"]
+    assert "undeclared_identifier" in prompt_of(second), "the previous attempt's code is shown"
+    assert "was not declared" not in prompt_of(second) and "failed to compile" not in prompt_of(second)
+    assert "wrong results" not in prompt_of(third) and "expected 0 got" not in prompt_of(third)
+    assert "leaky_wrong" in prompt_of(third)
+
+
+def test_G_E_P_carries_the_profiler_table(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    config = make_config(cpu_config, "G+E+P", turns=2, target=1e9)
+    _, out = stream(config, [reply(RIGHT), reply(RIGHT)], evaluator, relu_task, tmp_path / "p")
+    second = out["records"][1]
+    assert "top operators by self CPU time" in prompt_of(second)
+    assert "kernel::relu_fwd" in prompt_of(second)
+    assert "speedup" in prompt_of(second)
+    _, plain = stream(make_config(cpu_config, "G+E", turns=2, target=1e9), [reply(RIGHT), reply(RIGHT)], evaluator, relu_task, tmp_path / "e")
+    assert "top operators" not in prompt_of(plain["records"][1])
+    assert "speedup" in prompt_of(plain["records"][1])
+
+
+def test_budget_is_respected(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    model = scripted_model([reply(WRONG)])
+    config = make_config(cpu_config, "G+E", turns=2)
+    result = run_trajectory(
+        TaskSpec(name="relu", source=relu_task.source), config, model, evaluator, tmp_path,
+        TrajectoryId(task="relu", variant="G+E"), run_id="t",
+    )
+    assert result.turns == 2 and result.best is None
+    assert model.i == 0, "replies are chosen by turn, not by a call counter"
+    assert len(read_trace(result.trace)) == 2
+
+
+def test_reply_without_code_is_fed_back_and_counts(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    replies = ["I would use OpenMP and vectorise the loop.", reply(RIGHT)]
+    visited, out = stream(make_config(cpu_config, "G+E", turns=3), replies, evaluator, relu_task, tmp_path)
+    assert visited[:3] == ["generate", "extract", "decide"]
+    first, second = out["records"]
+    assert first.status == "no_code" and first.turn == 1
+    assert "no ```python code block" in prompt_of(second)
+    assert "I would use OpenMP" in prompt_of(second)
+    assert second.status == "correct"
+
+
+class CrashOnce:
+    """An evaluator that dies in the middle of one turn, as a killed process would."""
+
+    def __init__(self, inner: Evaluator, crash_on_call: int):
+        self.inner = inner
+        self.calls = 0
+        self.crash_on_call = crash_on_call
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.crash_on_call:
+            raise KeyboardInterrupt("simulated kill in the middle of a turn")
+        return self.inner.run(*args, **kwargs)
+
+
+def test_interrupted_run_resumes_at_the_turn_in_flight(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    config = make_config(cpu_config, "G+E", turns=5)
+    task = TaskSpec(name="relu", source=relu_task.source)
+    trajectory = TrajectoryId(task="relu", variant="G+E")
+    model = scripted_model(SCRIPT)
+    # Calls: turn 1 compile; turn 2 compile, execute (crash here).
+    crashing = CrashOnce(evaluator, crash_on_call=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_trajectory(task, config, model, crashing, tmp_path, trajectory, run_id="r")  # type: ignore[arg-type]
+    assert [r.turn for r in read_trace(tmp_path / "traces" / f"{trajectory.slug}.jsonl")] == [1]
+
+    prompts_seen: list[int] = []
+    resumed_model = scripted_model(SCRIPT)
+    original = resumed_model._generate
+
+    def spy(messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+        prompts_seen.append(run_manager.metadata["refinery_turn"])
+        return original(messages, stop=stop, run_manager=run_manager, **kw)
+
+    object.__setattr__(resumed_model, "_generate", spy)
+    result = run_trajectory(task, config, resumed_model, evaluator, tmp_path, trajectory, run_id="r")
+    # Turn 2 resumed at execute (its reply came from the checkpoint); only turn 3 was generated.
+    assert prompts_seen == [3]
+    records = read_trace(result.trace)
+    assert [r.turn for r in records] == [1, 2, 3]
+    assert [r.status for r in records] == ["compile_error", "incorrect", "correct"]
+    assert result.best is not None and result.best.turn == 3
+
+
+def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fake_openai import Script, serve
+
+    secret = "sk-refinery-test-0123456789abcdef"
+    monkeypatch.setenv("REFINERY_TEST_KEY", secret)
+    script = Script(replies=[reply(RIGHT)], faults=[429, 500])
+    with serve(script) as url:
+        settings = ModelSettings(model="gpt-test", base_url=url, api_key_env="REFINERY_TEST_KEY", retries=4)
+        config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
+        result = run_trajectory(
+            TaskSpec(name="relu", source=relu_task.source), config, build_chat_model(settings), evaluator,
+            tmp_path, TrajectoryId(task="relu", variant="G+E"), run_id="k",
+        )
+    assert script.auth_headers[-1] == f"Bearer {secret}", "the key was used for the call"
+    assert len(script.requests) == 3, "429 and 500 were retried"
+    assert result.best is not None
+    everything = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert secret.encode() not in everything
+    assert secret not in capsys.readouterr().out
