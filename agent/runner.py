@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from langchain_core.language_models import BaseChatModel
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agent.config import RunConfig
@@ -36,6 +37,25 @@ class TrajectoryResult:
         return len(self.attempts)
 
 
+def _state_types() -> list[tuple[str, str]]:
+    """Every type the graph's state may hold, allowed explicitly for checkpoint decoding."""
+    import inspect
+    from enum import Enum
+
+    from pydantic import BaseModel
+
+    import agent.state
+    import tools.results
+    import traces.schema
+
+    allowed = []
+    for module in (agent.state, tools.results, traces.schema):
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and obj.__module__ == module.__name__ and issubclass(obj, (BaseModel, Enum)):
+                allowed.append((module.__name__, name))
+    return allowed
+
+
 def checkpoint_path(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints.sqlite"
 
@@ -46,7 +66,7 @@ def open_checkpointer(run_dir: Path) -> SqliteSaver:
     # One connection per trajectory thread; WAL lets parallel trajectories share the file.
     conn = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
     conn.execute("PRAGMA journal_mode=WAL")
-    return SqliteSaver(conn)
+    return SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=_state_types()))
 
 
 def run_trajectory(

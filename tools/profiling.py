@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from tools.programs import clone_args
 from tools.results import ProfileReport, ProfileRow
 
-_NAME_WIDTH = 48
+_NAME_WIDTH = 40
 
 
 def _self_device_us(event: Any, cuda: bool) -> float:

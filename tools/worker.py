@@ -72,6 +72,9 @@ class Worker:
             "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
             "HOME": str(self.workdir),
             "OMP_NUM_THREADS": str(self.threads),
+            # Spinning OpenMP threads of torch's runtime and a candidate's own libgomp starve each
+            # other on a small machine; sleeping waits keep both timings honest.
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
             "MAX_JOBS": str(max(1, len(os.sched_getaffinity(0)))),
             "TORCH_EXTENSIONS_DIR": str(self.cache_dir / "extensions"),
             "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),

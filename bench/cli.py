@@ -1,0 +1,133 @@
+"""The `refinery` command: thin subcommands that parse, build a config and call the library."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from agent.config import LoopSettings, ModelSettings, RunConfig
+from agent.state import Attempt, TaskSpec
+from bench.logs import configure_logging
+from tools.config import EvalConfig
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="LLM kernel refinement with an honest evaluator.")
+console = Console()
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
+
+
+def _eval_config(device: str, backend: str | None = None, **overrides: object) -> EvalConfig:
+    if device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"--device must be cpu or cuda, not {device!r}")
+    return EvalConfig(device=device, backend=backend, **overrides)  # type: ignore[arg-type]
+
+
+@app.command("eval")
+def eval_command(
+    task_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="KernelBench-format reference program")],
+    candidate_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="module defining ModelNew")],
+    device: DeviceOpt = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    trials: Annotated[int, typer.Option(help="timed calls of each side")] = 100,
+    correctness_trials: Annotated[int, typer.Option(help="trials with fresh inputs and weights")] = 5,
+    compiled_baseline: Annotated[bool, typer.Option(help="also time torch.compile of the reference")] = True,
+) -> None:
+    """Evaluate one candidate against its reference: static check, compile, correctness, timing, profile."""
+    from bench.tasks import load_task_file
+    from tools.evaluator import Evaluator
+    from tools.jobs import TaskProgram
+
+    configure_logging(quiet=as_json)
+    task = load_task_file(task_file, level=_level_of(task_file))
+    config = _eval_config(device, trials=trials, correctness_trials=correctness_trials, time_compiled_reference=compiled_baseline)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for(device)), candidate_file.read_text())
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        from bench.render import print_result
+
+        print_result(console, task.name, result)
+    raise typer.Exit(0 if result.correct else 1)
+
+
+@app.command("run")
+def run_command(
+    task_file: Annotated[Path, typer.Option("--task", exists=True, dir_okay=False, help="a task file of a suite")],
+    variant: Annotated[str, typer.Option(help="feedback: G, G+E, G+E+P (+N on CUDA with ncu)")] = "G+E+P",
+    turns: Annotated[int, typer.Option(help="turn budget")] = 10,
+    device: DeviceOpt = "cpu",
+    backend: Annotated[Optional[str], typer.Option(help="cpp, cuda or triton; default: the device's")] = None,
+    model: Annotated[str, typer.Option(help="model name; 'local' (embedded) or 'scripted:FILE'")] = "local",
+    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint")] = None,
+    api_key_env: Annotated[str, typer.Option(help="environment variable holding the API key")] = "OPENAI_API_KEY",
+    temperature: float = 0.0,
+    max_tokens: int = 4096,
+    target_speedup: Annotated[float, typer.Option(help="stop once a correct kernel is this fast")] = 1.0,
+    hardware_prompt: Annotated[bool, typer.Option(help="describe the device in the prompt")] = True,
+    run_dir: Annotated[Optional[Path], typer.Option(help="where traces and checkpoints go")] = None,
+    resume: Annotated[bool, typer.Option(help="continue this run directory's trajectory")] = False,
+) -> None:
+    """One refinement trajectory on one task, printing each turn's verdict as it happens."""
+    from agent.models import open_chat_model
+    from agent.runner import run_trajectory
+    from bench.render import print_trajectory_end, turn_line
+    from bench.tasks import load_task_file
+    from tools.evaluator import Evaluator
+    from tools.hardware import describe
+    from traces.schema import TrajectoryId
+
+    configure_logging()
+    task = load_task_file(task_file, level=_level_of(task_file))
+    config = RunConfig(
+        llm=ModelSettings(model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens),
+        loop=LoopSettings(variant=variant, turns=turns, target_speedup=target_speedup, hardware_prompt=hardware_prompt),
+        eval=_eval_config(device, backend),
+    )
+    run_dir = run_dir or Path("runs") / f"run-{task.name}-{uuid.uuid4().hex[:6]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    trajectory = TrajectoryId(task=task.key, variant=config.loop.variant)
+
+    def on_turn(attempt: Attempt) -> None:
+        console.print(turn_line(attempt, turns))
+
+    console.print(f"[bold]{task.key}[/] · {config.loop.variant} · {turns} turns · {device} · model {model}")
+    with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
+        result = run_trajectory(
+            TaskSpec(name=task.name, source=task.source_for(device), level=task.level), config, chat, evaluator,
+            run_dir, trajectory, run_id=run_dir.name, hardware=describe(device).block(), resume=resume, on_turn=on_turn,
+        )
+    print_trajectory_end(console, result)
+
+
+@app.command("serve-local")
+def serve_local_command(
+    model: Annotated[str, typer.Option(help="local or local-0.5b")] = "local",
+    port: Annotated[Optional[int], typer.Option(help="port on 127.0.0.1; default: a free one")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for the model")] = None,
+) -> None:
+    """Run the embedded model's OpenAI-compatible server in the foreground, for reuse across runs."""
+    from agent.local_model import serve_local
+
+    configure_logging()
+    serve_local(model, port, threads)
+
+
+def _level_of(path: Path) -> int:
+    parent = path.resolve().parent.name
+    # A task file outside a levelN folder is scored as level 1.
+    return int(parent.removeprefix("level")) if parent.startswith("level") and parent[5:].isdigit() else 1
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

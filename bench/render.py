@@ -1,0 +1,76 @@
+"""What a person sees in the terminal: verdicts, turns and trajectory summaries (rich)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from tools.results import EvalResult, EvalStatus
+
+if TYPE_CHECKING:
+    from agent.runner import TrajectoryResult
+    from agent.state import Attempt
+
+STATUS_STYLE = {
+    "correct": "green",
+    "incorrect": "yellow",
+    "compile_error": "red",
+    "runtime_error": "red",
+    "cuda_fault": "red",
+    "timeout": "magenta",
+    "oom": "magenta",
+    "rejected": "bright_red",
+    "no_code": "dim",
+}
+
+
+def badge(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def print_result(console: Console, name: str, result: EvalResult) -> None:
+    status = result.status.value if result.status else "passed"
+    console.print(f"[bold]{name}[/]: {badge(status)}")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    if result.compile is not None:
+        hit = "cached" if result.compile.cache_hits and not result.compile.cache_misses else "built"
+        table.add_row("compile", f"{result.compile.seconds:.1f} s ({hit})" if result.compile.ok else "failed")
+    if result.correctness is not None:
+        table.add_row("correctness", result.correctness.summary())
+    if result.timing is not None:
+        t = result.timing
+        table.add_row("candidate", f"{t.candidate.median:.4f} ms median ({t.candidate.trials} trials, {t.candidate.clock})")
+        table.add_row("reference", f"{t.reference.median:.4f} ms median")
+        if t.reference_compiled is not None:
+            table.add_row("torch.compile", f"{t.reference_compiled.median:.4f} ms median")
+        flag = " [yellow](re-verified)[/]" if t.suspicious else ""
+        table.add_row("speedup", f"[bold]{t.speedup:.2f}x[/]{flag}")
+    if result.static is not None and result.static.warnings:
+        table.add_row("warnings", "\n".join(result.static.warnings))
+    console.print(table)
+    if result.status not in (EvalStatus.CORRECT, None) and result.message:
+        console.print(result.message, markup=False, highlight=False)
+    if result.profile is not None:
+        console.print(result.profile.table, markup=False, highlight=False)
+
+
+def turn_line(attempt: Attempt, turns: int) -> str:
+    status = "no_code" if attempt.code is None else (attempt.result.status.value if attempt.result and attempt.result.status else "?")
+    detail = ""
+    if attempt.result is not None:
+        detail = attempt.result.headline().split(":", 1)[-1].strip()[:100]
+    elif attempt.extract_error:
+        detail = attempt.extract_error
+    seconds = sum(attempt.phase_seconds.values())
+    return f"  turn {attempt.turn}/{turns}  {badge(status):<28} {detail}  [dim]({seconds:.0f} s, {attempt.tokens.total} tok)[/]"
+
+
+def print_trajectory_end(console: Console, result: TrajectoryResult) -> None:
+    best = result.best
+    if best is None:
+        console.print(f"[bold]no correct kernel[/] in {result.turns} turns ({result.tokens.total} tokens)")
+    else:
+        console.print(f"[bold green]best: turn {best.turn}, speedup {best.speedup:.2f}x[/] ({result.tokens.total} tokens)")
+    console.print(f"trace: {result.trace}")
