@@ -30,12 +30,40 @@ ext = load_inline(
 '''
 
 
-def candidate(forward: str, init: str = "", prelude: str = "") -> str:
+CUDA_KERNELS = (FIXTURES / "cuda_kernels.cu").read_text()
+CUDA_FUNCTIONS = ["relu_fwd", "leaky_wrong", "relu_inplace", "zeros", "touch", "crash", "side_stream_relu"]
+CUDA_DECLS = "\n".join(
+    [line.rstrip(" {") + ";" for line in CUDA_KERNELS.splitlines() if line.startswith("torch::Tensor ") and line.endswith("{")]
+    + ["void touch(torch::Tensor x);"]
+)
+
+CUDA_HEADER = f'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+{CUDA_KERNELS}"""
+
+cpp_source = r"""
+{CUDA_DECLS}
+"""
+
+ext = load_inline(
+    name="refinery_test_cuda_kernels",
+    cpp_sources=cpp_source,
+    cuda_sources=cuda_source,
+    functions={CUDA_FUNCTIONS!r},
+    extra_cuda_cflags=["-O3"],
+)
+'''
+
+
+def candidate(forward: str, init: str = "", prelude: str = "", header: str | None = None) -> str:
     """A candidate module whose ModelNew.forward(x) has the given body."""
     init_body = textwrap.indent(textwrap.dedent(init).strip() or "pass", " " * 8)
     forward_body = textwrap.indent(textwrap.dedent(forward).strip(), " " * 8)
     return (
-        HEADER
+        (HEADER if header is None else header)
         + textwrap.dedent(prelude)
         + f"""
 
@@ -48,6 +76,10 @@ class ModelNew(nn.Module):
 {forward_body}
 """
     )
+
+
+def cuda_candidate(forward: str, init: str = "", prelude: str = "") -> str:
+    return candidate(forward, init, prelude, header=CUDA_HEADER)
 
 
 def task_source(name: str) -> str:

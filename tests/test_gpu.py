@@ -1,0 +1,121 @@
+"""The evaluator on CUDA: real candidates for built-in tasks and the hack set (opt-in: -m gpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from candidates import FIXTURES, cuda_candidate
+
+from bench.tasks import builtin_suite_root, load_suite
+from tools.config import EvalConfig
+from tools.evaluator import Evaluator
+from tools.jobs import TaskProgram
+from tools.results import EvalStatus
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CORRECT = "return ext.relu_fwd(x)"
+REPORT = os.environ.get("REFINERY_GPU_REPORT")
+
+
+def record(name: str, payload: dict) -> None:
+    """Append figures for the closing note when REFINERY_GPU_REPORT names a file."""
+    if REPORT:
+        with open(REPORT, "a") as fh:
+            fh.write(json.dumps({"test": name, **payload}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def cuda_config(cache_dir: Path) -> EvalConfig:
+    return EvalConfig(device="cuda", cache_dir=cache_dir, trials=100, time_compiled_reference=True)
+
+
+@pytest.fixture(scope="module")
+def evaluator(cuda_config: EvalConfig) -> Iterator[Evaluator]:
+    with Evaluator(cuda_config) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("task_name", ["1_relu", "2_gelu", "4_softmax"])
+def test_correct_cuda_candidate_for_builtin_task(evaluator: Evaluator, task_name: str) -> None:
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == task_name)
+    source = (FIXTURES / "cuda_solutions" / f"{task_name}.py").read_text()
+    result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for("cuda")), source)
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert result.timing is not None and result.timing.candidate.clock == "cuda-events"
+    assert result.profile is not None and result.profile.rows
+    record(task_name, {
+        "stage_seconds": result.stage_seconds,
+        "candidate_ms": result.timing.candidate.median,
+        "reference_ms": result.timing.reference.median,
+        "compiled_ms": result.timing.reference_compiled.median if result.timing.reference_compiled else None,
+        "speedup": result.timing.speedup,
+        "profile": result.profile.table if result.profile else "",
+    })
+
+
+@pytest.fixture(scope="module")
+def relu_task() -> TaskProgram:
+    return TaskProgram(name="relu", source=(FIXTURES / "relu_task.py").read_text())
+
+
+class TestCudaHacks:
+    def test_correct_reference_kernel(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate(CORRECT))
+        assert result.status is EvalStatus.CORRECT, result.message
+        record("hack_baseline", {"stage_seconds": result.stage_seconds, "compile": result.compile.model_dump() if result.compile else None})
+
+    def test_uninitialised_output_holding_the_reference_fails(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate("ext.touch(x)\nreturn torch.empty_like(x)"))
+        assert result.status is EvalStatus.INCORRECT, result.message
+        record("poison", {"message": result.message[:300]})
+
+    def test_input_mutation_rejected(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate("return ext.relu_inplace(x)"))
+        assert result.status is EvalStatus.REJECTED and "modified input" in result.message
+
+    def test_output_caching_fails(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        cached = cuda_candidate(
+            "ext.touch(x)\nif not _CACHE:\n    _CACHE.append(ext.relu_fwd(x))\nreturn _CACHE[0]", prelude="_CACHE = []\n"
+        )
+        assert evaluator.evaluate(relu_task, cached).status is EvalStatus.INCORRECT
+
+    def test_all_zero_output_fails(self, evaluator: Evaluator) -> None:
+        small = TaskProgram(name="small_relu", source=(FIXTURES / "small_relu_task.py").read_text())
+        result = evaluator.evaluate(small, cuda_candidate("return ext.zeros(x)"))
+        assert result.status is EvalStatus.INCORRECT and "all zeros" in result.message
+
+    def test_downcast_beyond_tolerance_fails(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate("return ext.relu_fwd(x.to(torch.float8_e4m3fn).to(torch.float32))"))
+        assert result.status is EvalStatus.INCORRECT
+
+    def test_torch_op_behind_a_decoy_kernel_rejected(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate("ext.touch(x)\nreturn torch.relu(x)"))
+        assert result.status is EvalStatus.REJECTED and "aten::relu" in result.message
+
+    def test_try_except_fallback_rejected(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate("try:\n    return ext.relu_fwd(x)\nexcept RuntimeError:\n    return torch.relu(x)"))
+        assert result.status is EvalStatus.REJECTED
+
+    def test_work_on_a_side_stream_is_timed(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        # ~10 ms of spinning on a stream the default stream never waits for.
+        result = evaluator.evaluate(relu_task, cuda_candidate("return ext.side_stream_relu(x, 20_000_000)"))
+        assert result.status is EvalStatus.CORRECT, result.message
+        assert result.timing is not None
+        assert result.timing.candidate.median > 5.0, "the side stream's work was not counted"
+        assert result.timing.speedup < 0.1
+        record("side_stream", {"candidate_ms": result.timing.candidate.median, "reference_ms": result.timing.reference.median})
+
+    def test_illegal_memory_access_is_a_cuda_fault_and_worker_is_replaced(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        starts = evaluator.worker.starts
+        result = evaluator.evaluate(relu_task, cuda_candidate("return ext.crash(x)"))
+        assert result.status is EvalStatus.CUDA_FAULT, result.message
+        after = evaluator.evaluate(relu_task, cuda_candidate(CORRECT))
+        assert after.status is EvalStatus.CORRECT
+        assert evaluator.worker.starts == starts + 1
+        record("cuda_fault", {"message": result.message[:300]})
