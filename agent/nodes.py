@@ -21,7 +21,7 @@ from agent.config import RunConfig
 from agent.extract import extract_candidate
 from agent.llm import call_model
 from agent.prompting import build_messages
-from agent.scripted import TURN_KEY
+from agent.scripted import TASK_KEY, TURN_KEY
 from agent.state import Attempt, Outcome, RefineState
 from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
@@ -78,7 +78,7 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
         tolerance=tol.rtol if tol else 1e-2,
     )
     started = time.perf_counter()
-    reply = call_model(ctx.model, messages, cfg.llm, config={"metadata": {TURN_KEY: turn}})
+    reply = call_model(ctx.model, messages, cfg.llm, config={"metadata": {TURN_KEY: turn, TASK_KEY: ctx.trajectory.task}})
     ctx.counters["llm_retries"] = ctx.counters.get("llm_retries", 0) + reply.retries
     draft = Attempt(
         turn=turn,

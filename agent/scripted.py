@@ -17,10 +17,16 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 TURN_KEY = "refinery_turn"
+TASK_KEY = "refinery_task"
 
 
 class ScriptedChatModel(FakeMessagesListChatModel):
-    """Reply k for turn k (the last reply repeats past the end); also reports token usage."""
+    """Reply k for turn k (the last reply repeats past the end); also reports token usage.
+
+    `by_task` gives a task its own replies (keyed by task name or suite key, e.g. "level1/1_relu").
+    """
+
+    by_task: dict[str, list[str]] = {}
 
     def _generate(
         self,
@@ -35,8 +41,13 @@ class ScriptedChatModel(FakeMessagesListChatModel):
         else:
             index = min(self.i, len(self.responses) - 1)
             self.i += 1
-        reply = self.responses[index]
-        text = reply.content if isinstance(reply.content, str) else str(reply.content)
+        task = str(metadata.get(TASK_KEY, ""))
+        script = self.by_task.get(task, self.by_task.get(task.rsplit("/", 1)[-1]))
+        if script is not None:
+            text = script[min(index, len(script) - 1)] if TURN_KEY in metadata else script[0]
+        else:
+            reply = self.responses[index]
+            text = reply.content if isinstance(reply.content, str) else str(reply.content)
         prompt_chars = sum(len(str(m.content)) for m in messages)
         usage = {"input_tokens": prompt_chars // 4, "output_tokens": len(text) // 4, "total_tokens": (prompt_chars + len(text)) // 4}
         message = AIMessage(content=text, usage_metadata=usage)
@@ -52,12 +63,17 @@ def scripted_model(replies: list[str]) -> ScriptedChatModel:
 
 
 def load_script(path: Path) -> ScriptedChatModel:
-    """Replies from a JSON list of strings, or from the sorted files of a folder."""
+    """Replies from a JSON list of strings (every task), a JSON object {task: [replies]}, or the
+    sorted files of a folder."""
     path = Path(path)
     if path.is_dir():
         replies = [p.read_text() for p in sorted(path.iterdir()) if p.is_file()]
     elif path.suffix == ".json":
         replies = json.loads(path.read_text())
+        if isinstance(replies, dict):
+            by_task = {str(k): list(v) for k, v in replies.items()}
+            first = next(iter(by_task.values()), [])
+            return ScriptedChatModel(responses=[AIMessage(content=r) for r in first or ["(no reply)"]], by_task=by_task)
     else:
         raise ValueError(f"scripted model {path}: give a .json list of replies or a folder of reply files")
     if not replies or not all(isinstance(r, str) for r in replies):

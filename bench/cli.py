@@ -14,9 +14,11 @@ from agent.config import LoopSettings, ModelSettings, RunConfig
 from agent.state import Attempt, TaskSpec
 from bench.logs import configure_logging
 from tools.config import EvalConfig
+from traces.cli import traces_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="LLM kernel refinement with an honest evaluator.")
 console = Console()
+app.add_typer(traces_app, name="traces")
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
 
@@ -104,6 +106,79 @@ def run_command(
             run_dir, trajectory, run_id=run_dir.name, hardware=describe(device).block(), resume=resume, on_turn=on_turn,
         )
     print_trajectory_end(console, result)
+
+
+@app.command("experiment")
+def experiment_command(
+    config_file: Annotated[Optional[Path], typer.Option("--config", exists=True, dir_okay=False, help="TOML settings")] = None,
+    suite: Annotated[Optional[str], typer.Option(help="'builtin' or a KernelBench checkout's KernelBench/ folder")] = None,
+    levels: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. 1,2")] = None,
+    tasks: Annotated[Optional[str], typer.Option(help="task name filter (substring or glob)")] = None,
+    variants: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. G,G+E,G+E+P")] = None,
+    turns: Optional[int] = None,
+    samples: Annotated[Optional[int], typer.Option(help="independent trajectories per task and variant")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu or cuda")] = None,
+    backend: Optional[str] = None,
+    model: Optional[str] = None,
+    base_url: Optional[str] = None,
+    api_key_env: Optional[str] = None,
+    temperature: Optional[float] = None,
+    max_tokens: Optional[int] = None,
+    target_speedup: Optional[float] = None,
+    workers: Annotated[Optional[int], typer.Option(help="evaluation workers (default: per GPU / per core)")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help="trajectories and LLM calls in flight")] = None,
+    executor: Annotated[Optional[str], typer.Option(help="local or ray")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="timed calls of each side")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="re-running on an existing directory resumes it")] = None,
+) -> None:
+    """Run suites × variants × samples in parallel, resumable, and print the fast_p table."""
+    from bench.experiment import ExperimentConfig
+    from bench.launch import launch
+
+    configure_logging(quiet=True)
+    overrides: dict[str, object] = {
+        "suite": suite, "levels": _ints(levels), "tasks": tasks, "variants": _list(variants), "turns": turns,
+        "samples": samples, "device": device, "backend": backend, "target_speedup": target_speedup,
+        "workers": workers, "concurrency": concurrency, "executor": executor,
+    }
+    llm = {"model": model, "base_url": base_url, "api_key_env": api_key_env, "temperature": temperature, "max_tokens": max_tokens}
+    data: dict[str, object] = {}
+    if config_file is not None:
+        import tomllib
+
+        data = tomllib.loads(config_file.read_text())
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    data["llm"] = {**dict(data.get("llm", {})), **{k: v for k, v in llm.items() if v is not None}}  # type: ignore[arg-type]
+    if trials is not None:
+        data["eval"] = {**dict(data.get("eval", {})), "trials": trials}  # type: ignore[arg-type]
+    run_dir = run_dir or Path(str(data.pop("run_dir", "") or f"runs/experiment-{uuid.uuid4().hex[:6]}"))
+    data.pop("run_dir", None)
+    try:
+        config = ExperimentConfig.model_validate(data)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    launch(config, run_dir, console)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="an experiment's run directory")],
+    plots: Annotated[bool, typer.Option(help="write PNG plots to RUN_DIR/plots")] = True,
+) -> None:
+    """fast_p per level × variant, rates, geometric-mean speedup and tokens; JSON and PNG plots too."""
+    from bench.report import report
+
+    report(run_dir, console=console, plots=plots)
+    console.print(f"written: {run_dir / 'report.json'}")
+
+
+def _list(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+def _ints(text: str | None) -> list[int] | None:
+    items = _list(text)
+    return [int(i) for i in items] if items else None
 
 
 @app.command("serve-local")

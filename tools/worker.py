@@ -46,6 +46,7 @@ class Worker:
         threads: int | None = None,
         gpu_index: int | None = None,
         env: dict[str, str] | None = None,
+        cores: list[int] | None = None,
     ):
         from tools.config import default_cache_dir
 
@@ -55,6 +56,7 @@ class Worker:
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.gpu_index = gpu_index
         self.extra_env = env or {}
+        self.cores = cores
         self.proc: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
         self.workdir: Path | None = None
@@ -75,7 +77,7 @@ class Worker:
             # Spinning OpenMP threads of torch's runtime and a candidate's own libgomp starve each
             # other on a small machine; sleeping waits keep both timings honest.
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-            "MAX_JOBS": str(max(1, len(os.sched_getaffinity(0)))),
+            "MAX_JOBS": str(len(self.cores) if self.cores else max(1, len(os.sched_getaffinity(0)))),
             "TORCH_EXTENSIONS_DIR": str(self.cache_dir / "extensions"),
             "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
             "TRITON_CACHE_DIR": str(self.cache_dir / "triton"),
@@ -99,6 +101,7 @@ class Worker:
             "--device", "cuda:0" if self.device == "cuda" else "cpu",
             "--cache-dir", str(self.cache_dir),
             "--threads", str(self.threads),
+            "--cores", ",".join(map(str, self.cores or [])),
             # The address-space limit only suits CPU workers (see sandbox.apply_limits).
             "--memory-bytes", str(self.memory_limit_bytes + (4 << 30) if self.device == "cpu" else 0),
         ]

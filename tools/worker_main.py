@@ -283,7 +283,11 @@ def main() -> None:
     parser.add_argument("--memory-bytes", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cpu-seconds-per-job", type=float, default=3600)
+    parser.add_argument("--cores", default="", help="comma-separated CPU cores to run on")
     args = parser.parse_args()
+    if args.cores:
+        # Before any thread exists: OpenMP and compiler processes inherit it.
+        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
     conn = Connection(args.fd)
     device = torch.device(args.device)
     sandbox.apply_limits(args.memory_bytes or None, file_bytes=4 << 30)

@@ -1,0 +1,233 @@
+"""Experiments: suites × variants × samples, run in parallel, resumable, one results file.
+
+A run directory holds:
+- config.json: the settings (re-running the same command resumes);
+- results.jsonl: one record per finished trajectory;
+- traces/: one JSONL trace per trajectory;
+- checkpoints.sqlite: LangGraph checkpoints of unfinished trajectories.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import tomllib
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agent.config import LoopSettings, ModelSettings, RunConfig, Variant
+from agent.runner import TrajectoryResult, run_trajectory
+from agent.state import TaskSpec
+from bench.tasks import Task, load_suite, resolve_suite
+from tools.config import EvalConfig
+from tools.results import EvalStatus
+from traces.schema import TrajectoryId
+
+# Worst to best: the verdict a trajectory reports when none of its attempts was correct.
+STATUS_RANK = ["no_code", "rejected", "compile_error", "timeout", "oom", "cuda_fault", "runtime_error", "incorrect", "correct"]
+
+
+class ExperimentConfig(BaseModel):
+    """Everything an experiment needs; loadable from TOML and checked in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    suite: str = Field("builtin", description="'builtin' or the path of a KernelBench checkout's KernelBench/ folder")
+    levels: list[int] = [1]
+    tasks: str | None = Field(None, description="name filter: substring or glob")
+    variants: list[str] = ["G", "G+E", "G+E+P"]
+    turns: int = Field(10, ge=1)
+    samples: int = Field(1, ge=1, description="independent trajectories per task and variant")
+    target_speedup: float = 1.0
+    hardware_prompt: bool = True
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: Literal["cpp", "cuda", "triton"] | None = None
+    workers: int = Field(0, ge=0, description="evaluation workers; 0: one per GPU, or one per core on CPU")
+    concurrency: int = Field(4, ge=1, description="trajectories (and LLM calls) in flight at once")
+    executor: Literal["local", "ray"] = "local"
+    llm: ModelSettings = ModelSettings()
+    eval: EvalConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        for v in self.variants:
+            Variant.parse(v)
+        if self.samples > 1 and self.llm.temperature <= 0 and not self.llm.model.startswith("scripted:"):
+            raise ValueError(
+                f"samples = {self.samples} needs temperature above 0 (independent samples at temperature 0 are "
+                "all the same); set llm.temperature, e.g. 0.7"
+            )
+        return self
+
+    @classmethod
+    def from_toml(cls, path: Path, **overrides: object) -> ExperimentConfig:
+        data = tomllib.loads(Path(path).read_text())
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)
+
+    def eval_config(self) -> EvalConfig:
+        base = self.eval or EvalConfig()
+        return base.model_copy(update={"device": self.device, "backend": self.backend})
+
+    def run_config(self, variant: str) -> RunConfig:
+        loop = LoopSettings(variant=variant, turns=self.turns, target_speedup=self.target_speedup, hardware_prompt=self.hardware_prompt)
+        return RunConfig(llm=self.llm, loop=loop, eval=self.eval_config())
+
+    def worker_count(self) -> int:
+        if self.workers:
+            return self.workers
+        if self.device == "cuda":
+            from tools.pool import gpu_count
+
+            return max(1, gpu_count())
+        return max(1, len(os.sched_getaffinity(0)))
+
+
+class TrajectoryRecord(BaseModel):
+    """One line of results.jsonl: the outcome of one trajectory."""
+
+    model_config = ConfigDict(frozen=True)
+    task: str
+    level: int
+    variant: str
+    sample: int
+    best_status: str
+    best_speedup: float | None
+    best_turn: int | None
+    turns: int
+    compiled: bool
+    tokens: int
+    per_turn: list[tuple[str, float | None]]
+    """Each turn's status and speedup (None unless correct), for fast_p against the turn."""
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.task, self.variant, self.sample)
+
+
+def record_of(task: Task, variant: str, sample: int, result: TrajectoryResult) -> TrajectoryRecord:
+    per_turn: list[tuple[str, float | None]] = []
+    for a in result.attempts:
+        status = "no_code" if a.code is None else (a.result.status.value if a.result and a.result.status else "runtime_error")
+        if status == "correct" and not a.correct:
+            status = "runtime_error"  # correct but never timed does not count
+        per_turn.append((status, a.speedup))
+    best = result.best
+    best_status = "correct" if best is not None else max((s for s, _ in per_turn), key=STATUS_RANK.index, default="no_code")
+    compiled = any(a.result is not None and a.result.status is not None and a.result.status.compiled for a in result.attempts if a.code)
+    return TrajectoryRecord(
+        task=task.key, level=task.level, variant=variant, sample=sample, best_status=best_status,
+        best_speedup=best.speedup if best else None, best_turn=best.turn if best else None,
+        turns=result.turns, compiled=compiled, tokens=result.tokens.total, per_turn=per_turn,
+    )
+
+
+def results_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "results.jsonl"
+
+
+def read_results(run_dir: Path) -> list[TrajectoryRecord]:
+    """Finished trajectories; a torn last line from a killed run is ignored, duplicates collapse."""
+    path = results_path(run_dir)
+    if not path.exists():
+        return []
+    records: dict[tuple[str, str, int], TrajectoryRecord] = {}
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = TrajectoryRecord.model_validate_json(line)
+        except ValueError:
+            if number == len(lines):
+                continue
+            raise
+        records[record.key] = record
+    return list(records.values())
+
+
+class ResultsWriter:
+    def __init__(self, run_dir: Path):
+        self.path = results_path(run_dir)
+        self._lock = threading.Lock()
+
+    def append(self, record: TrajectoryRecord) -> None:
+        with self._lock, self.path.open("a") as fh:
+            fh.write(record.model_dump_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def plan(config: ExperimentConfig) -> list[tuple[Task, str, int]]:
+    tasks = load_suite(resolve_suite(config.suite), levels=config.levels, name_filter=config.tasks)
+    if not tasks:
+        raise ValueError(f"no task in suite {config.suite!r} levels {config.levels} matches {config.tasks!r}")
+    return [(t, str(Variant.parse(v)), s) for t in tasks for v in config.variants for s in range(config.samples)]
+
+
+_RUNTIME_ONLY = {"workers", "concurrency", "executor"}
+
+
+def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
+    """Keep the config with the run; other settings on an existing run are refused.
+
+    Workers, concurrency and executor may change between a run and its resumption.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved = run_dir / "config.json"
+    if saved.exists():
+        before = ExperimentConfig.model_validate_json(saved.read_text()).model_dump(mode="json", exclude=_RUNTIME_ONLY)
+        if before != config.model_dump(mode="json", exclude=_RUNTIME_ONLY):
+            raise ValueError(
+                f"{run_dir} holds a run with other settings ({saved}); resume it with the same settings "
+                "or choose another --run-dir"
+            )
+    saved.write_text(config.model_dump_json(indent=2))
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    run_dir: Path,
+    model_factory: Callable[[], object],
+    evaluator: object,
+    on_done: Callable[[TrajectoryRecord], None] | None = None,
+    hardware: str | None = None,
+) -> list[TrajectoryRecord]:
+    """Run every planned trajectory not already in results.jsonl; returns all records.
+
+    `model_factory` gives a chat model per trajectory (they run in parallel threads), and
+    `evaluator` is shared: a pool whose `run` is thread-safe.
+    """
+    finished = {r.key: r for r in read_results(run_dir)}
+    todo = [(t, v, s) for t, v, s in plan(config) if (t.key, v, s) not in finished]
+    writer = ResultsWriter(run_dir)
+    run_id = Path(run_dir).name or uuid.uuid4().hex[:8]
+
+    def one(task: Task, variant: str, sample: int) -> TrajectoryRecord:
+        trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample)
+        spec = TaskSpec(name=task.name, source=task.source_for(config.device), level=task.level)
+        result = run_trajectory(
+            spec, config.run_config(variant), model_factory(), evaluator, run_dir, trajectory,  # type: ignore[arg-type]
+            run_id=run_id, hardware=hardware, resume=True,
+        )
+        record = record_of(task, variant, sample, result)
+        writer.append(record)
+        return record
+
+    records = list(finished.values())
+    with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="trajectory") as pool:
+        futures = [pool.submit(one, *item) for item in todo]
+        for future in as_completed(futures):
+            record = future.result()
+            records.append(record)
+            if on_done is not None:
+                on_done(record)
+    return records
+
+
+def is_correct(record: TrajectoryRecord) -> bool:
+    return record.best_status == EvalStatus.CORRECT.value

@@ -1,0 +1,54 @@
+"""Launching an experiment: the model, the evaluation pool, progress, and the table at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent.models import open_chat_model
+from bench.experiment import ExperimentConfig, TrajectoryRecord, is_correct, plan, prepare_run_dir, read_results, run_experiment
+from bench.report import report
+from tools.hardware import describe
+
+
+def make_pool(config: ExperimentConfig) -> object:
+    eval_config = config.eval_config()
+    if config.executor == "ray":
+        from bench.ray_pool import RayEvaluatorPool
+
+        return RayEvaluatorPool(eval_config, workers=config.worker_count())
+    from tools.pool import EvaluatorPool
+
+    return EvaluatorPool(eval_config, workers=config.worker_count())
+
+
+def launch(config: ExperimentConfig, run_dir: Path, console: Console) -> None:
+    prepare_run_dir(run_dir, config)
+    total = len(plan(config))
+    done = read_results(run_dir)
+    console.print(
+        f"[bold]experiment[/] {run_dir}: {total} trajectories ({len(done)} already finished) · "
+        f"variants {', '.join(config.variants)} · {config.turns} turns · {config.device} · model {config.llm.model}"
+    )
+    counts = {"done": len(done), "correct": sum(map(is_correct, done)), "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1)}
+    columns = (
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("correct {task.fields[correct]} · fast_1 {task.fields[fast1]}"), TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress, open_chat_model(config.llm) as chat:
+        bar = progress.add_task("trajectories", total=total, completed=counts["done"], correct=counts["correct"], fast1=counts["fast1"])
+
+        def on_done(record: TrajectoryRecord) -> None:
+            counts["done"] += 1
+            counts["correct"] += is_correct(record)
+            counts["fast1"] += is_correct(record) and (record.best_speedup or 0) > 1
+            progress.update(bar, completed=counts["done"], correct=counts["correct"], fast1=counts["fast1"])
+
+        pool = make_pool(config)
+        try:
+            run_experiment(config, run_dir, lambda: chat, pool, on_done=on_done, hardware=describe(config.device).block())
+        finally:
+            pool.close()  # type: ignore[attr-defined]
+    report(run_dir, console=console)

@@ -1,0 +1,148 @@
+"""Experiments on the built-in CPU suite with a scripted model: parallel, killed, resumed, scored."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.experiment import ExperimentConfig, TrajectoryRecord, read_results, run_experiment
+from bench.report import score
+from tools.pool import EvaluatorPool
+
+SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
+TASKS = "1_relu,2_gelu,9_bias_tanh_clamp_chain"
+
+
+def fence(code: str) -> str:
+    return f"My kernel:\n```python\n{code}```\n"
+
+
+def script() -> dict[str, list[str]]:
+    slow = (SOLUTIONS / "1_relu_slow.py").read_text()
+    broken = slow.replace("auto y = torch::empty_like(xc);", "auto y = torch::empty_like(xc)", 1)
+    return {
+        "level1/1_relu": [fence(broken), fence(slow)],
+        "level1/2_gelu": [fence((SOLUTIONS / "2_gelu_wrong.py").read_text())],
+        "level2/9_bias_tanh_clamp_chain": [fence((SOLUTIONS / "9_bias_tanh_clamp_chain.py").read_text())],
+    }
+
+
+def write_config(tmp_path: Path, cache_dir: Path) -> Path:
+    script_path = tmp_path / "script.json"
+    script_path.write_text(json.dumps(script()))
+    config = tmp_path / "experiment.toml"
+    config.write_text(
+        f"""
+suite = "builtin"
+levels = [1, 2]
+tasks = "[129]_[rgb]*"  # 1_relu, 2_gelu, 9_bias_tanh_clamp_chain
+variants = ["G", "G+E"]
+turns = 2
+target_speedup = 1.0
+workers = 2
+concurrency = 3
+hardware_prompt = false
+
+[llm]
+model = "scripted:{script_path}"
+
+[eval]
+trials = 5
+warmup = 1
+correctness_trials = 3
+time_compiled_reference = false
+cache_dir = "{cache_dir}"
+"""
+    )
+    return config
+
+
+def refinery(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from bench.cli import app; app()", *args]
+
+
+def table(records: list[TrajectoryRecord]) -> list[tuple]:
+    """The parts of the report that the scripted outcomes fix (timings vary, their side of 1 does not)."""
+    return [
+        (s.level, s.variant, s.tasks, s.fast_p["0"], s.fast_p["1"], s.correct, s.compiled)
+        for s in score(records)
+    ]
+
+
+EXPECTED = [
+    (1, "G", 2, 0.5, 0.0, 0.5, 1.0),
+    (1, "G+E", 2, 0.5, 0.0, 0.5, 1.0),
+    (2, "G", 1, 1.0, 1.0, 1.0, 1.0),
+    (2, "G+E", 1, 1.0, 1.0, 1.0, 1.0),
+]
+
+
+def test_report_numbers_from_known_outcomes() -> None:
+    def rec(task: str, level: int, status: str, speedup: float | None, per_turn: list) -> TrajectoryRecord:
+        return TrajectoryRecord(task=task, level=level, variant="G+E", sample=0, best_status=status, best_speedup=speedup,
+                                best_turn=1, turns=len(per_turn), compiled=status != "compile_error", tokens=100, per_turn=per_turn)
+
+    records = [
+        rec("a", 1, "correct", 2.0, [("incorrect", None), ("correct", 2.0)]),
+        rec("b", 1, "correct", 0.5, [("correct", 0.5)]),
+        rec("c", 1, "incorrect", None, [("incorrect", None), ("incorrect", None)]),
+        rec("d", 1, "compile_error", None, [("compile_error", None)]),
+    ]
+    (s,) = score(records)
+    assert s.fast_p == {"0": 0.5, "0.5": 0.25, "0.8": 0.25, "1": 0.25, "1.5": 0.25, "2": 0.0}
+    assert s.correct == 0.5 and s.compiled == 0.75 and s.tokens == 400
+    assert s.geomean_speedup == pytest.approx(1.0)
+    assert s.fast1_by_turn == [0.0, 0.25]
+
+
+def test_config_checks() -> None:
+    with pytest.raises(ValueError, match="temperature above 0"):
+        ExperimentConfig(samples=3, llm={"model": "gpt-x", "temperature": 0.0})
+    with pytest.raises(ValueError, match="must start with G"):
+        ExperimentConfig(variants=["E"])
+
+
+def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, cache_dir: Path) -> None:
+    config_path = write_config(tmp_path, cache_dir)
+    killed_dir = tmp_path / "killed"
+    cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(killed_dir))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if len(read_results(killed_dir)) >= 2 or proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = read_results(killed_dir)
+    assert 2 <= len(partial) < 6
+
+    finished = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    records = read_results(killed_dir)
+    assert len(records) == 6, "every trajectory once: nothing lost, nothing duplicated"
+    lines = (killed_dir / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 6, "finished trajectories were not recomputed"
+    assert "fast_1" in finished.stdout and (killed_dir / "report.json").exists()
+    assert {p.name for p in (killed_dir / "plots").iterdir()} == {"fast_p.png", "fast1_by_turn.png", "speedups.png"}
+
+    # The same experiment, uninterrupted, in this process: the same table.
+    config = ExperimentConfig.from_toml(config_path)
+    from agent.scripted import load_script
+
+    model = load_script(tmp_path / "script.json")
+    with EvaluatorPool(config.eval_config(), workers=2) as pool:
+        clean = run_experiment(config, tmp_path / "clean", lambda: model, pool)
+    assert table(records) == table(clean) == EXPECTED
+    by_key = {r.key: r for r in clean}
+    assert by_key[("level1/1_relu", "G+E", 0)].per_turn[0][0] == "compile_error"
+    assert by_key[("level2/9_bias_tanh_clamp_chain", "G", 0)].turns == 1, "stopped at the target"
