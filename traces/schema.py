@@ -1,11 +1,16 @@
 """The trace schema: one versioned JSON record per turn, one JSONL file per trajectory.
 
-Version history (readers accept every version listed in `read_record`):
-- 1: the first schema.
+Version history (readers migrate every older version through `_MIGRATIONS`):
+- 0: before the version field: `task`/`variant`/`sample` at top level, `tokens_prompt`/`tokens_completion`.
+- 1: the trajectory object and the `tokens` object.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools.results import EvalResult
@@ -88,12 +93,41 @@ class UnknownSchemaVersion(ValueError):
     pass
 
 
+def _v0_to_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 kept the trajectory's fields and the token counts flat on the record."""
+    missing = [k for k in ("task", "variant") if k not in raw]
+    if missing:
+        raise ValueError(f"a version-0 trace record needs {' and '.join(missing)} at top level")
+    out = {k: v for k, v in raw.items() if k not in ("task", "variant", "sample", "tokens_prompt", "tokens_completion")}
+    out["trajectory"] = {"task": raw["task"], "variant": raw["variant"], "sample": raw.get("sample", 0)}
+    out["tokens"] = {"prompt": raw.get("tokens_prompt", 0), "completion": raw.get("tokens_completion", 0)}
+    out["schema_version"] = 1
+    return out
+
+
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1}
+"""Version N -> a function turning a raw version-N record into a version N+1 record."""
+
+
 def read_record(line: str) -> TurnRecord:
-    """Parse one JSONL line of any known schema version."""
-    record = TurnRecord.model_validate_json(line)
-    if record.schema_version > SCHEMA_VERSION:
+    """Parse one JSONL line of any known schema version, migrating older ones on the way."""
+    # pydantic's parser, not json's: a torn line reads as a ValueError mentioning EOF, which
+    # read_trace skips when it is the last line.
+    raw = pydantic_core.from_json(line)
+    if not isinstance(raw, dict):
+        raise ValueError(f"a trace line must be a JSON object, not {type(raw).__name__}")
+    # Records written before the field existed are version 0.
+    version = raw.get("schema_version", 0)
+    if isinstance(version, int) and version > SCHEMA_VERSION:
         raise UnknownSchemaVersion(
-            f"trace schema version {record.schema_version} is newer than this kernel-refinery "
-            f"(reads up to {SCHEMA_VERSION}); upgrade kernel-refinery to read it"
+            f"trace schema version {version} is newer than this kernel-refinery "
+            f"(reads versions 0 to {SCHEMA_VERSION}); upgrade kernel-refinery to read it"
         )
-    return record
+    if not isinstance(version, int) or (version != SCHEMA_VERSION and version not in _MIGRATIONS):
+        raise UnknownSchemaVersion(
+            f"trace schema version {version!r} is unknown (this kernel-refinery reads versions 0 to {SCHEMA_VERSION})"
+        )
+    while version < SCHEMA_VERSION:
+        raw = _MIGRATIONS[version](raw)
+        version = raw["schema_version"]
+    return TurnRecord.model_validate(raw)

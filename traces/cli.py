@@ -1,0 +1,140 @@
+"""`refinery traces ...`: list, show and diff a run's trajectories, or write its HTML report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.rule import Rule
+
+from traces.inspect import (
+    STATUSES,
+    SortKey,
+    TraceLookupError,
+    Trajectory,
+    diff_records,
+    diff_view,
+    filter_summaries,
+    load_run,
+    one_trajectory,
+    record_at,
+    records_at,
+    sort_summaries,
+    summarise,
+    summary_table,
+    turn_view,
+    variants_of,
+)
+
+traces_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspect the traces of a run directory.")
+
+RunDirArg = Annotated[Path, typer.Argument(help="a run directory (its traces/ folder is read)")]
+TaskArg = Annotated[str, typer.Argument(help='task key ("level1/relu_task") or its bare name when unambiguous')]
+VariantOpt = Annotated[Optional[str], typer.Option("--variant", help="feedback variant, e.g. G+E+P")]
+
+
+def _console() -> Console:
+    # Built per command so the terminal width (COLUMNS) is read when the command runs.
+    return Console()
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False)
+    return typer.Exit(1)
+
+
+def _load(run_dir: Path) -> list[Trajectory]:
+    try:
+        return load_run(run_dir)
+    except (TraceLookupError, ValueError) as exc:
+        # ValueError: a trace line that is not a record, or of an unknown schema version.
+        raise _fail(str(exc)) from None
+
+
+@traces_app.command("list")
+def list_command(
+    run_dir: RunDirArg,
+    status: Annotated[Optional[str], typer.Option(help=f"only trajectories whose best attempt has this status ({', '.join(STATUSES)})")] = None,
+    sort: Annotated[SortKey, typer.Option(help="speedup, turns and tokens sort largest first")] = SortKey.TASK,
+    variant: VariantOpt = None,
+) -> None:
+    """A table of trajectories: best status and speedup, turns and tokens."""
+    trajectories = _load(run_dir)
+    if status is not None and status not in STATUSES:
+        raise _fail(f"unknown status {status!r}; statuses: {', '.join(STATUSES)}")
+    if variant is not None and variant not in variants_of(trajectories):
+        raise _fail(f"no trajectory of variant {variant!r} in {run_dir}; variants: {', '.join(variants_of(trajectories))}")
+    summaries = [summarise(t) for t in trajectories]
+    shown = sort_summaries(filter_summaries(summaries, status=status, variant=variant), sort)
+    console = _console()
+    if not shown:
+        present = ", ".join(sorted({s.best_status for s in summaries}))
+        console.print(f"no trajectory matches; best statuses in this run: {present}")
+        return
+    console.print(summary_table(shown))
+
+
+@traces_app.command("show")
+def show_command(
+    run_dir: RunDirArg,
+    task: TaskArg,
+    variant: VariantOpt = None,
+    sample: Annotated[Optional[int], typer.Option(help="sample index")] = None,
+    turn: Annotated[Optional[int], typer.Option(help="only this turn")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="print the JSON records, one per line")] = False,
+    prompt: Annotated[bool, typer.Option("--prompt", help="also print each turn's whole prompt")] = False,
+) -> None:
+    """Each turn of one trajectory: the feedback the model saw, its code and the verdict."""
+    trajectories = _load(run_dir)
+    try:
+        trajectory = one_trajectory(trajectories, task, variant, sample)
+        records = records_at(trajectory, turn) if turn is not None else list(trajectory.records)
+    except TraceLookupError as exc:
+        raise _fail(str(exc)) from None
+    if raw:
+        for record in records:
+            sys.stdout.write(record.model_dump_json() + "\n")
+        return
+    console = _console()
+    console.print(Rule(f"[bold]{trajectory.label}[/] · {trajectory.path.name}", characters="═"))
+    for record in records:
+        console.print(turn_view(record, full_prompt=prompt))
+        console.print()
+
+
+@traces_app.command("diff")
+def diff_command(
+    run_dir: RunDirArg,
+    task: TaskArg,
+    turns: Annotated[tuple[int, int], typer.Option("--turns", help="the two turns to compare, e.g. --turns 3 4")],
+    variant: VariantOpt = None,
+    sample: Annotated[Optional[int], typer.Option(help="sample index")] = None,
+) -> None:
+    """The code diff between two turns, and how the verdict and the speedup changed."""
+    trajectories = _load(run_dir)
+    try:
+        trajectory = one_trajectory(trajectories, task, variant, sample)
+        before, after = record_at(trajectory, turns[0]), record_at(trajectory, turns[1])
+    except TraceLookupError as exc:
+        raise _fail(str(exc)) from None
+    console = _console()
+    console.print(Rule(trajectory.label))
+    console.print(diff_view(diff_records(before, after)))
+
+
+@traces_app.command("html")
+def html_command(
+    run_dir: RunDirArg,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="the HTML file; default RUN_DIR/report.html")] = None,
+) -> None:
+    """One self-contained HTML report: the run overview and every trajectory's turns."""
+    from traces.html import render_report
+
+    trajectories = _load(run_dir)
+    target = output or Path(run_dir) / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_report(trajectories, title=Path(run_dir).resolve().name), encoding="utf-8")
+    _console().print(f"wrote {target} ({len(trajectories)} trajectories)")

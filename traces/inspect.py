@@ -1,0 +1,423 @@
+"""Reading a run's traces back: trajectory summaries, lookups, turn views and code diffs.
+
+The functions here are pure over `TurnRecord`s; the `*_view` functions turn their results into
+rich renderables for the terminal. The HTML report (traces/html.py) builds on the same functions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.rule import Rule
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from bench.render import STATUS_STYLE
+from tools.metrics import TaskOutcome
+from tools.results import EvalStatus
+from traces.schema import TokenUsage, TrajectoryId, TurnRecord
+from traces.store import iter_trajectories, traces_dir
+
+# How far an attempt got, for picking the best verdict of a trajectory with no correct turn.
+STATUS_RANK: dict[str, int] = {
+    "correct": 7,
+    "incorrect": 6,
+    "runtime_error": 5,
+    "cuda_fault": 5,
+    "timeout": 5,
+    "oom": 5,
+    "compile_error": 3,
+    "rejected": 2,
+    "unfinished": 1,
+    "no_code": 0,
+}
+STATUSES: tuple[str, ...] = tuple(STATUS_RANK)
+
+
+class TraceLookupError(LookupError):
+    """Something asked for (a run, task, variant, turn) is not in the traces; the message lists what is."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One trajectory's records, in turn order, as read from its JSONL file."""
+
+    id: TrajectoryId
+    path: Path
+    records: tuple[TurnRecord, ...]
+
+    @property
+    def label(self) -> str:
+        strategy = "" if self.id.strategy == "refine" else f" ({self.id.strategy})"
+        return f"{self.id.task} · {self.id.variant} · sample {self.id.sample}{strategy}"
+
+
+@dataclass(frozen=True)
+class TrajectorySummary:
+    trajectory: Trajectory
+    best: TurnRecord | None
+    """The fastest correct turn; without one, the turn that got furthest (see STATUS_RANK)."""
+    tokens: TokenUsage
+    seconds: float
+
+    @property
+    def id(self) -> TrajectoryId:
+        return self.trajectory.id
+
+    @property
+    def turns(self) -> int:
+        return len(self.trajectory.records)
+
+    @property
+    def best_status(self) -> str:
+        return self.best.status if self.best is not None else "unfinished"
+
+    @property
+    def best_speedup(self) -> float | None:
+        return self.best.speedup if self.best is not None else None
+
+    @property
+    def best_turn(self) -> int | None:
+        return self.best.turn if self.best is not None else None
+
+    def outcome(self) -> TaskOutcome:
+        """The trajectory's best attempt, in the form tools/metrics.py scores."""
+        status = self.best_status
+        compiled = status in {s.value for s in EvalStatus if s.compiled}
+        return TaskOutcome(task=self.id.task, correct=status == "correct", speedup=self.best_speedup, compiled=compiled)
+
+
+class SortKey(str, Enum):
+    """Numbers sort largest first (a missing speedup last); task sorts alphabetically."""
+
+    SPEEDUP = "speedup"
+    TURNS = "turns"
+    TOKENS = "tokens"
+    TASK = "task"
+
+
+def load_run(run_dir: Path) -> list[Trajectory]:
+    """Every trajectory with at least one record under RUN_DIR/traces."""
+    folder = traces_dir(Path(run_dir))
+    if not folder.is_dir():
+        raise TraceLookupError(f"no traces folder at {folder}: is {run_dir} a run directory written by `refinery run`?")
+    trajectories = [
+        Trajectory(id=records[0].trajectory, path=path, records=tuple(records))
+        for path, records in iter_trajectories(Path(run_dir))
+        if records
+    ]
+    if not trajectories:
+        raise TraceLookupError(f"no trace records in {folder} (expected *.jsonl files written by `refinery run`)")
+    return trajectories
+
+
+def best_record(records: Sequence[TurnRecord]) -> TurnRecord | None:
+    """The fastest correct turn (ties: the earliest); else the earliest turn that got furthest."""
+    correct = [r for r in records if r.status == "correct" and r.speedup is not None]
+    if correct:
+        return max(correct, key=lambda r: (r.speedup or 0.0, -r.turn))
+    if not records:
+        return None
+    return max(records, key=lambda r: (STATUS_RANK.get(r.status, 0), -r.turn))
+
+
+def summarise(trajectory: Trajectory) -> TrajectorySummary:
+    tokens = sum((r.tokens for r in trajectory.records), TokenUsage())
+    seconds = sum(sum(r.phase_seconds.values()) for r in trajectory.records)
+    return TrajectorySummary(trajectory=trajectory, best=best_record(trajectory.records), tokens=tokens, seconds=seconds)
+
+
+def variants_of(trajectories: Iterable[Trajectory]) -> list[str]:
+    return sorted({t.id.variant for t in trajectories})
+
+
+def tasks_of(trajectories: Iterable[Trajectory]) -> list[str]:
+    return sorted({t.id.task for t in trajectories})
+
+
+def filter_summaries(
+    summaries: Iterable[TrajectorySummary], status: str | None = None, variant: str | None = None
+) -> list[TrajectorySummary]:
+    return [
+        s for s in summaries
+        if (status is None or s.best_status == status) and (variant is None or s.id.variant == variant)
+    ]
+
+
+def sort_summaries(summaries: Iterable[TrajectorySummary], key: SortKey = SortKey.TASK) -> list[TrajectorySummary]:
+    def identity(s: TrajectorySummary) -> tuple[str, str, int, str]:
+        return (s.id.task, s.id.variant, s.id.sample, s.id.strategy)
+
+    by_identity = sorted(summaries, key=identity)
+    if key is SortKey.SPEEDUP:
+        # Stable sorts: within equal keys the identity order holds.
+        return sorted(by_identity, key=lambda s: (s.best_speedup is None, -(s.best_speedup or 0.0)))
+    if key is SortKey.TURNS:
+        return sorted(by_identity, key=lambda s: -s.turns)
+    if key is SortKey.TOKENS:
+        return sorted(by_identity, key=lambda s: -s.tokens.total)
+    return by_identity
+
+
+def _name_of(task_key: str) -> str:
+    return task_key.rsplit("/", 1)[-1]
+
+
+def resolve_task(trajectories: Sequence[Trajectory], task: str) -> str:
+    """The task key that `task` names: the key itself ("level1/relu_task") or an unambiguous bare name."""
+    keys = tasks_of(trajectories)
+    if task in keys:
+        return task
+    named = [k for k in keys if _name_of(k) == task]
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise TraceLookupError(f"task name {task!r} is ambiguous: {', '.join(named)}; give the full key")
+    raise TraceLookupError(f"no task {task!r} in these traces; tasks: {', '.join(keys)}")
+
+
+def find_trajectories(
+    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None
+) -> list[Trajectory]:
+    """The trajectories of one task, narrowed by variant and sample; never empty."""
+    key = resolve_task(trajectories, task)
+    found = [t for t in trajectories if t.id.task == key]
+    if variant is not None:
+        narrowed = [t for t in found if t.id.variant == variant]
+        if not narrowed:
+            raise TraceLookupError(f"task {key} has no variant {variant!r}; variants: {', '.join(variants_of(found))}")
+        found = narrowed
+    if sample is not None:
+        narrowed = [t for t in found if t.id.sample == sample]
+        if not narrowed:
+            samples = ", ".join(str(s) for s in sorted({t.id.sample for t in found}))
+            raise TraceLookupError(f"task {key} has no sample {sample}; samples: {samples}")
+        found = narrowed
+    return sorted(found, key=lambda t: (t.id.variant, t.id.sample, t.id.strategy))
+
+
+def one_trajectory(
+    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None
+) -> Trajectory:
+    found = find_trajectories(trajectories, task, variant, sample)
+    if len(found) > 1:
+        names = ", ".join(f"{t.id.variant} sample {t.id.sample}" + ("" if t.id.strategy == "refine" else f" ({t.id.strategy})") for t in found)
+        raise TraceLookupError(f"task {found[0].id.task} has {len(found)} trajectories ({names}); pick one with --variant and --sample")
+    return found[0]
+
+
+def records_at(trajectory: Trajectory, turn: int) -> list[TurnRecord]:
+    """The records of one turn (one for refine; a beam search has a record per node)."""
+    found = [r for r in trajectory.records if r.turn == turn]
+    if not found:
+        turns = ", ".join(str(t) for t in sorted({r.turn for r in trajectory.records}))
+        raise TraceLookupError(f"{trajectory.label} has no turn {turn}; turns: {turns}")
+    return found
+
+
+def record_at(trajectory: Trajectory, turn: int) -> TurnRecord:
+    found = records_at(trajectory, turn)
+    if len(found) > 1:
+        nodes = ", ".join(r.node_id or "?" for r in found)
+        raise TraceLookupError(f"turn {turn} of {trajectory.label} has {len(found)} nodes ({nodes}); this view needs one")
+    return found[0]
+
+
+def parent_of(record: TurnRecord, records: Sequence[TurnRecord]) -> TurnRecord | None:
+    """The attempt this one refined: its parent node in a search tree, else the previous turn."""
+    if record.parent_id is not None:
+        return next((r for r in records if r.node_id == record.parent_id), None)
+    earlier = [r for r in records if r.turn < record.turn]
+    return max(earlier, key=lambda r: r.turn) if earlier else None
+
+
+def diff_base(record: TurnRecord, records: Sequence[TurnRecord]) -> TurnRecord | None:
+    """The nearest ancestor with code: a turn whose reply had no code has nothing to diff."""
+    parent = parent_of(record, records)
+    while parent is not None and parent.code is None:
+        parent = parent_of(parent, records)
+    return parent
+
+
+def human_prompt(record: TurnRecord) -> str:
+    return next((m.content for m in record.messages if m.role == "human"), "")
+
+
+# The parts of prompts/task.j2 around a turn's feedback: the attempt line (with the previous
+# code, when there was code) before it and the closing instruction after it.
+_ATTEMPT = re.compile(r"^This is attempt \d+ of \d+\.(?: Your previous attempt was:\n```python\n.*?\n```)?\n", re.S | re.M)
+_CLOSING = re.compile(r"\n*^Write (?:an improved ModelNew|ModelNew with custom kernels)\..*\Z", re.S | re.M)
+
+
+def feedback_of(record: TurnRecord) -> str:
+    """What the prompt said about the previous attempt ("" on a first turn, or under variant G)."""
+    prompt = human_prompt(record)
+    found = _ATTEMPT.search(prompt)
+    if found is None:
+        return ""
+    return _CLOSING.sub("", prompt[found.end():]).strip()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A turn's verdict in words: a headline, labelled details, and a log when it failed."""
+
+    status: str
+    headline: str
+    details: tuple[tuple[str, str], ...]
+    log: str
+
+
+_HEADLINE_CHARS = 140
+
+
+def verdict_of(record: TurnRecord) -> Verdict:
+    result = record.result
+    if result is None:
+        what = record.extract_error or ("no code in the reply" if record.code is None else "not evaluated")
+        return Verdict(status=record.status, headline=what, details=(), log="")
+    details: list[tuple[str, str]] = []
+    if result.static is not None:
+        details += [("rejected", r) for r in result.static.rejections]
+        details += [("warning", w) for w in result.static.warnings]
+    if result.compile is not None:
+        hit = "cached" if result.compile.cache_hits and not result.compile.cache_misses else "built"
+        details.append(("compile", f"{result.compile.seconds:.1f} s ({hit})" if result.compile.ok else "failed"))
+    if result.correctness is not None:
+        details.append(("correctness", result.correctness.summary()))
+    if result.timing is not None:
+        t = result.timing
+        details.append(("candidate", f"{t.candidate.median:.4f} ms median ({t.candidate.trials} trials, {t.candidate.clock})"))
+        details.append(("reference", f"{t.reference.median:.4f} ms median"))
+        if t.reference_compiled is not None:
+            details.append(("torch.compile", f"{t.reference_compiled.median:.4f} ms median"))
+        details.append(("speedup", f"{t.speedup:.3g}x" + (" (re-verified)" if t.suspicious else "")))
+    log = ""
+    if result.status is EvalStatus.COMPILE_ERROR and result.compile is not None and result.compile.log:
+        log = result.compile.log
+    elif result.status not in (EvalStatus.CORRECT, EvalStatus.INCORRECT, None):
+        # A wrong result is told in full by the correctness line; other failures by their log.
+        log = "\n".join(part for part in (result.message.strip(), result.worker_log.strip()) if part)
+    headline = result.headline()
+    if len(headline) > _HEADLINE_CHARS:
+        headline = headline[: _HEADLINE_CHARS - 1].rstrip() + "…"
+    return Verdict(status=record.status, headline=headline, details=tuple(details), log=log)
+
+
+def profile_table(record: TurnRecord) -> str:
+    profile = record.result.profile if record.result is not None else None
+    return profile.table if profile is not None else ""
+
+
+@dataclass(frozen=True)
+class TurnDiff:
+    before: TurnRecord
+    after: TurnRecord
+    lines: tuple[str, ...]
+    """A unified diff of the code, without line terminators."""
+
+    @property
+    def status_change(self) -> str:
+        return f"{self.before.status} → {self.after.status}"
+
+    @property
+    def speedup_change(self) -> str:
+        return f"{format_speedup(self.before.speedup)} → {format_speedup(self.after.speedup)}"
+
+
+def diff_records(before: TurnRecord, after: TurnRecord) -> TurnDiff:
+    lines = difflib.unified_diff(
+        (before.code or "").splitlines(),
+        (after.code or "").splitlines(),
+        fromfile=f"turn {before.turn}" + ("" if before.code is not None else " (no code)"),
+        tofile=f"turn {after.turn}" + ("" if after.code is not None else " (no code)"),
+        lineterm="",
+    )
+    return TurnDiff(before=before, after=after, lines=tuple(lines))
+
+
+def format_speedup(speedup: float | None) -> str:
+    return "-" if speedup is None else f"{speedup:.3g}x"
+
+
+def _badge(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, "white"))
+
+
+def summary_table(summaries: Sequence[TrajectorySummary]) -> Table:
+    # Speedup and turn are the best attempt's; no vertical rules, so 80 columns fit.
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
+    table.add_column("task", no_wrap=True)
+    table.add_column("variant", no_wrap=True)
+    table.add_column("sample", justify="right")
+    table.add_column("best", no_wrap=True)
+    table.add_column("speedup", justify="right", no_wrap=True)
+    table.add_column("turn", justify="right")
+    table.add_column("turns", justify="right")
+    table.add_column("tokens", justify="right")
+    for s in summaries:
+        strategy = "" if s.id.strategy == "refine" else f" ({s.id.strategy})"
+        table.add_row(
+            s.id.task + strategy, s.id.variant, str(s.id.sample), _badge(s.best_status), format_speedup(s.best_speedup),
+            "-" if s.best_turn is None else str(s.best_turn), str(s.turns), str(s.tokens.total),
+        )
+    return table
+
+
+def turn_view(record: TurnRecord, full_prompt: bool = False) -> RenderableType:
+    """One turn for the terminal: the feedback the model saw, its code, and the verdict."""
+    verdict = verdict_of(record)
+    seconds = sum(record.phase_seconds.values())
+    title = Text.assemble(
+        (f"turn {record.turn}", "bold"), "  ", _badge(record.status), f"  {format_speedup(record.speedup)}",
+        f"  {record.tokens.total} tok  {seconds:.1f} s",
+        f"  node {record.node_id}" if record.node_id else "",
+    )
+    parts: list[RenderableType] = [Rule(title, align="left", style="dim")]
+    if full_prompt:
+        parts.append(Panel(Text(human_prompt(record)), title="prompt", title_align="left", border_style="dim"))
+    feedback = feedback_of(record)
+    if feedback:
+        parts.append(Panel(Text(feedback), title="feedback the model saw", title_align="left", border_style="cyan"))
+    elif record.turn > 1:
+        parts.append(Text("(no evaluation feedback in the prompt: only the previous code)", style="dim"))
+    if record.code is not None:
+        parts.append(Syntax(record.code, "python", line_numbers=True, word_wrap=True, theme="ansi_dark"))
+    else:
+        parts.append(Panel(Text(record.reply.strip()[:2000] or "(empty reply)"), title="reply (no code)", title_align="left", border_style="dim"))
+    lines = Table.grid(padding=(0, 2))
+    lines.add_row(Text("verdict", style="bold"), Text(verdict.headline, style=STATUS_STYLE.get(verdict.status, "")))
+    for label, text in verdict.details:
+        lines.add_row(label, text)
+    parts.append(lines)
+    if verdict.log:
+        parts.append(Panel(Text(verdict.log), title="log", title_align="left", border_style="red"))
+    table = profile_table(record)
+    if table:
+        parts.append(Panel(Text(table), title="profile", title_align="left", border_style="dim"))
+    return Group(*parts)
+
+
+def diff_view(diff: TurnDiff) -> RenderableType:
+    before, after = diff.before, diff.after
+    head = Table.grid(padding=(0, 2))
+    head.add_row(Text("status", style="bold"), Text.assemble(_badge(before.status), " → ", _badge(after.status)))
+    head.add_row(Text("speedup", style="bold"), diff.speedup_change)
+    body: RenderableType
+    if diff.lines:
+        body = Syntax("\n".join(diff.lines), "diff", theme="ansi_dark", word_wrap=True)
+    else:
+        body = Text(f"the code of turns {before.turn} and {after.turn} is identical", style="dim")
+    return Group(Text(f"turn {before.turn} → turn {after.turn}", style="bold"), head, body)
