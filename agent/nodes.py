@@ -127,6 +127,11 @@ def execute(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any
 
 def profile(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     draft = _evaluate(state, runtime, "profile", (Stage.TIMING, Stage.PROFILE))
+    if runtime.context.config.loop.parsed_variant.nsight and draft.correct and draft.code is not None:
+        started = time.perf_counter()
+        counters = runtime.context.evaluator.nsight(_program(state), draft.code)
+        assert draft.result is not None
+        draft = _timed(draft, "nsight", time.perf_counter() - started, result=draft.result.merge(counters))
     log.info("node", node="profile", task=state["task"].name, turn=draft.turn, speedup=draft.speedup)
     return {"draft": draft, "outcome": Outcome.TIMED}
 

@@ -39,6 +39,7 @@ def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
         t = result.timing
         warnings = "; ".join(result.static.warnings) if result.static is not None else ""
         profile = result.profile.table if variant.profiler and result.profile is not None else ""
+        nsight = result.nsight.block() if variant.nsight and result.nsight is not None else ""
         return prompts.render(
             "feedback/correct.j2",
             candidate_ms=_ms(t.candidate.median),
@@ -47,6 +48,7 @@ def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
             speedup=f"{t.speedup:.3g}",
             warnings=warnings,
             profile=profile,
+            nsight=nsight,
         )
     return ""
 

@@ -25,6 +25,9 @@ class _EvaluatorActor:
     def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
         return self.evaluator.run(task, candidate, stages)
 
+    def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
+        return self.evaluator.nsight(task, candidate)
+
     def close(self) -> None:
         self.evaluator.close()
 
@@ -51,6 +54,13 @@ class RayEvaluatorPool:
         index = self._free.get()
         try:
             return self._ray.get(self.actors[index].run.remote(task, candidate, tuple(stages)))
+        finally:
+            self._free.put(index)
+
+    def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
+        index = self._free.get()
+        try:
+            return self._ray.get(self.actors[index].nsight.remote(task, candidate))
         finally:
             self._free.put(index)
 

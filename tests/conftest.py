@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,8 +16,11 @@ from tools.jobs import TaskProgram  # noqa: E402
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One build cache for the session: the shared test kernels compile once."""
-    return tmp_path_factory.mktemp("refinery-cache")
+    """One build cache for the session: the shared test kernels compile once.
+
+    REFINERY_CACHE_DIR shares it with other runs (the GPU check reuses the tests' builds)."""
+    override = os.environ.get("REFINERY_CACHE_DIR")
+    return Path(override) if override else tmp_path_factory.mktemp("refinery-cache")
 
 
 @pytest.fixture(scope="session")

@@ -199,3 +199,10 @@ class TestHacks:
         for prelude in ("import threading\n", "import subprocess\n"):
             result = evaluator.evaluate(relu_task, candidate(CORRECT, prelude=prelude))
             assert result.status is EvalStatus.REJECTED, prelude
+
+
+def test_same_candidate_on_another_task_in_one_worker(evaluator: Evaluator, relu_task: TaskProgram, small_relu_task: TaskProgram) -> None:
+    # The imported module is reused; its kernel calls must still be seen for the second task.
+    source = candidate("return ext.leaky_wrong(x)")
+    assert evaluator.evaluate(relu_task, source).status is EvalStatus.INCORRECT
+    assert evaluator.evaluate(small_relu_task, source).status is EvalStatus.INCORRECT

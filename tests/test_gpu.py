@@ -119,3 +119,31 @@ class TestCudaHacks:
         assert after.status is EvalStatus.CORRECT
         assert evaluator.worker.starts == starts + 1
         record("cuda_fault", {"message": result.message[:300]})
+
+
+def test_triton_candidate_end_to_end(cuda_config: EvalConfig) -> None:
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "1_relu")
+    source = (FIXTURES / "triton_solutions" / "1_relu.py").read_text()
+    with Evaluator(cuda_config.model_copy(update={"backend": "triton"})) as ev:
+        result = ev.evaluate(TaskProgram(name=task.name, source=task.source_for("cuda")), source)
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert result.profile is not None and "relu_kernel" in result.profile.table
+    record("triton_1_relu", {
+        "stage_seconds": result.stage_seconds, "candidate_ms": result.timing.candidate.median,
+        "reference_ms": result.timing.reference.median, "speedup": result.timing.speedup, "profile": result.profile.table,
+    })
+
+
+def test_nsight_compute_metrics_for_a_cuda_candidate(evaluator: Evaluator) -> None:
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "4_softmax")
+    source = (FIXTURES / "cuda_solutions" / "4_softmax.py").read_text()
+    result = evaluator.nsight(TaskProgram(name=task.name, source=task.source_for("cuda")), source)
+    report = result.nsight
+    assert report is not None
+    record("nsight", {"available": report.available, "reason": report.reason, "block": report.block()})
+    if not report.available:
+        pytest.skip(f"ncu unavailable here: {report.reason}")
+    (kernel,) = report.kernels
+    assert "softmax_kernel" in kernel.name
+    assert kernel.duration_us > 0 and kernel.registers > 0 and kernel.shared_bytes >= 128
+    assert kernel.verdict.split()[0] in ("memory-bound", "compute-bound", "latency-bound")

@@ -151,14 +151,36 @@ class CompileCache:
         self.root = root
         self.candidate_source = candidate_source
         self.ledger = CompileLedger()
+        self._ledgers: dict[str, CompileLedger] = {}
 
     def begin(self, candidate_source: str) -> CompileLedger:
+        """The ledger of this candidate source: one per source, since an imported module (and the
+        counting wrappers inside it) is reused when the same source is evaluated on another task."""
         self.candidate_source = candidate_source
-        self.ledger = CompileLedger()
+        key = hashlib.sha256(candidate_source.encode()).hexdigest()
+        self.ledger = self._ledgers.setdefault(key, CompileLedger())
         return self.ledger
 
     def install(self) -> None:
         cpp_extension.load_inline = self.load_inline
+
+    def install_triton_counter(self) -> bool:
+        """Count launches of @triton.jit kernels into the candidate's ledger, as for built modules."""
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return False
+        original = JITFunction.run
+        cache = self
+
+        def counted_run(fn_self: Any, *args: Any, **kwargs: Any) -> Any:
+            name = f"triton::{getattr(fn_self.fn, '__name__', '?')}"
+            calls = cache.ledger.calls
+            calls[name] = calls.get(name, 0) + 1
+            return original(fn_self, *args, **kwargs)
+
+        JITFunction.run = counted_run  # type: ignore[method-assign]
+        return True
 
     def load_inline(self, name: str, cpp_sources: Any, cuda_sources: Any = None, *args: Any, **kwargs: Any) -> Any:
         if args:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -27,7 +28,9 @@ def default_tolerances() -> dict[str, Tolerance]:
 
 
 def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "kernel-refinery"
+    """Built kernels and compile logs; REFINERY_CACHE_DIR moves it."""
+    override = os.environ.get("REFINERY_CACHE_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "kernel-refinery"
 
 
 class EvalConfig(BaseModel):

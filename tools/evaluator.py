@@ -51,6 +51,14 @@ class Evaluator:
     def static(self, candidate: str) -> StaticReport:
         return check_candidate(candidate, backend=self.config.kernel_backend)
 
+    def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
+        """Hardware counters of the candidate's kernels under Nsight Compute (variant N)."""
+        from tools.nsight import profile_with_ncu
+
+        started = time.perf_counter()
+        report = profile_with_ncu(task, candidate, self.config)
+        return EvalResult(status=None, device=self.config.device, nsight=report, stage_seconds={"nsight": time.perf_counter() - started})
+
     def evaluate(self, task: TaskProgram, candidate: str) -> EvalResult:
         """Every stage, in order; the first failure decides the status."""
         result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE))

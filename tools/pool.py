@@ -137,6 +137,15 @@ class EvaluatorPool:
         finally:
             self._free.put(index)
 
+    def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
+        """Nsight Compute runs the candidate on the GPU: it holds a device like a timing does."""
+        device = self.devices[0]
+        with device.lock:
+            started = time.monotonic()
+            result = self.slots[0].evaluator.nsight(task, candidate)
+            device.busy_s += time.monotonic() - started
+        return result
+
     def evaluate(self, task: TaskProgram, candidate: str) -> EvalResult:
         result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE))
         if result.status is not None:

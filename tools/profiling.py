@@ -44,16 +44,19 @@ def profile_forward(fn: Callable[..., Any], inputs: list[Any], device: torch.dev
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch.no_grad():
         fn(*clone_args(inputs))
+        # Inputs are cloned before the profiled region: the harness's copies are not the candidate's.
+        arg_sets = [clone_args(inputs) for _ in range(iterations)]
         if cuda:
             torch.cuda.synchronize(device)
         with profile(activities=activities) as prof:
-            for _ in range(iterations):
-                fn(*clone_args(inputs))
+            for args in arg_sets:
+                fn(*args)
             if cuda:
                 torch.cuda.synchronize(device)
-    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    # Clones made for the call are ours, not the candidate's.
-    events = [e for e in events if e.key not in ("aten::clone", "aten::empty_strided", "aten::copy_") or cuda]
+    events = [e for e in prof.key_averages() if not e.key.startswith(("ProfilerStep", "Activity Buffer Request"))]
+    if cuda:
+        # On CUDA the kernels themselves are listed; the host-side range around them would count twice.
+        events = [e for e in events if not e.key.startswith("kernel::")]
     timed = [(e, _self_device_us(e, cuda)) for e in events]
     total = sum(t for _, t in timed) or 1.0
     timed.sort(key=lambda pair: pair[1], reverse=True)

@@ -141,6 +141,38 @@ class ProfileReport(Frozen):
     """A compact text table, sized for a prompt."""
 
 
+class KernelCounters(Frozen):
+    name: str
+    duration_us: float
+    dram_pct: float
+    sm_pct: float
+    occupancy_pct: float
+    registers: int
+    shared_bytes: int
+    top_stall: str
+    top_stall_ratio: float
+    verdict: str
+
+
+class NsightReport(Frozen):
+    available: bool
+    reason: str = ""
+    kernels: tuple[KernelCounters, ...] = ()
+
+    def block(self) -> str:
+        if not self.available:
+            return f"(Nsight Compute unavailable: {self.reason})"
+        lines = ["Nsight Compute, per kernel of your forward (clocks not locked):"]
+        for k in self.kernels:
+            lines.append(
+                f"- {k.name[:60]}: {k.duration_us:.1f} us; DRAM {k.dram_pct:.0f}% of peak; SM {k.sm_pct:.0f}%; "
+                f"achieved occupancy {k.occupancy_pct:.0f}%; {k.registers} registers/thread; "
+                f"{k.shared_bytes} B shared/block; top stall: {k.top_stall} ({k.top_stall_ratio:.1f} cycles/issue) "
+                f"-> {k.verdict}"
+            )
+        return "\n".join(lines)
+
+
 class EvalResult(Frozen):
     """The verdict on one candidate, with what each step that ran found."""
 
@@ -153,6 +185,7 @@ class EvalResult(Frozen):
     correctness: CorrectnessReport | None = None
     timing: TimingReport | None = None
     profile: ProfileReport | None = None
+    nsight: NsightReport | None = None
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     worker_log: str = ""
     """The tail of what the candidate printed, when it failed."""

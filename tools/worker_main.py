@@ -51,8 +51,9 @@ def describe(exc: BaseException, limit: int = 3000) -> str:
     """The traceback, with the worker's own frames dropped and candidate files named plainly."""
     frames = traceback.extract_tb(exc.__traceback__)
     kept = [f for f in frames if "refinery_" in f.filename or "/tools/" not in f.filename]
-    lines = traceback.format_list(kept[-8:]) + traceback.format_exception_only(type(exc), exc)
-    text = "".join(lines)
+    error = "".join(traceback.format_exception_only(type(exc), exc))
+    # The error first: a long traceback would push it out of a trimmed message.
+    text = error + "Traceback (most recent call last):\n" + "".join(traceback.format_list(kept[-8:]))
     for kind in ("candidate", "task"):
         text = _rename(text, kind)
     return text[-limit:]
@@ -143,6 +144,7 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
     except Exception as exc:
         raise StageFailed(EvalStatus.RUNTIME_ERROR, f"the task program {job.task_name} failed to load:\n{describe(exc)}") from exc
     ledger = state.cache.begin(job.candidate_source)
+    hits_before, misses_before = ledger.hits, ledger.misses
     started = time.perf_counter()
     try:
         candidate = import_source(job.candidate_source, "candidate", state.workdir)
@@ -160,7 +162,10 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         if status is EvalStatus.RUNTIME_ERROR:
             status = EvalStatus.COMPILE_ERROR
         raise StageFailed(status, f"loading the candidate failed:\n{describe(exc)}", fatal) from exc
-    report = CompileReport(ok=True, seconds=time.perf_counter() - started, cache_hits=ledger.hits, cache_misses=ledger.misses)
+    report = CompileReport(
+        ok=True, seconds=time.perf_counter() - started,
+        cache_hits=ledger.hits - hits_before, cache_misses=ledger.misses - misses_before,
+    )
     loaded = Loaded(program=program, ledger=ledger, report=report)
     state.loaded[key] = loaded
     return loaded
@@ -223,6 +228,7 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
     try:
         started = time.perf_counter()
         loaded = _load(state, job)
+        state.cache.ledger = loaded.ledger
         if Stage.COMPILE in job.stages:
             seconds[Stage.COMPILE.value] = time.perf_counter() - started
             parts["compile"] = loaded.report
@@ -244,6 +250,7 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
     except StageFailed as exc:
         if exc.status is EvalStatus.COMPILE_ERROR:
             parts["compile"] = CompileReport(ok=False, log=exc.message, seconds=time.perf_counter() - started)
+            seconds.setdefault(Stage.COMPILE.value, time.perf_counter() - started)
         return JobReply(failure=exc.status, message=exc.message, stage_seconds=seconds, fatal=exc.fatal, **parts)
     except Rejected as exc:
         return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, **parts)
@@ -268,6 +275,9 @@ def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> N
             os.lseek(fd, 0, os.SEEK_SET)
         sandbox.limit_cpu_seconds(cpu_seconds_per_job)
         reply = run_job(state, job)
+        if state.device.type == "cuda":
+            # Give cached blocks back: other workers on the same GPU need the memory.
+            torch.cuda.empty_cache()
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send(reply)
@@ -299,6 +309,8 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False
     cache = CompileCache(Path(args.cache_dir))
     cache.install()
+    if device.type == "cuda":
+        cache.install_triton_counter()
     state = WorkerState(device=device, workdir=Path.cwd(), cache=cache, integrity=Integrity())
     serve(conn, state, args.cpu_seconds_per_job)
 
