@@ -47,6 +47,7 @@ N_CTX = 8192
 # The server accepts any key; ChatOpenAI refuses to start without one.
 LOCAL_API_KEY = "local-no-key"
 _CHUNK = 8 * 1024 * 1024
+_LOG_LIMIT = 8 * 1024 * 1024  # each start appends ~10 KB (the chat template); start afresh past this
 # What `python -m llama_cpp.server` imports: llama-cpp-python and its [server] extra.
 _SERVER_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
 
@@ -308,6 +309,10 @@ def _default_threads() -> int:
         return os.cpu_count() or 1
 
 
+# An http_proxy in the environment must not catch requests to our own loopback server.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _tail(path: Path, start: int, limit: int = 4000) -> str:
     try:
         with path.open("rb") as f:
@@ -381,6 +386,9 @@ class LocalServer:
         ]  # fmt: skip
         started = time.monotonic()
         # Appending keeps the previous run's log; the error tail reads from where this run starts.
+        with contextlib.suppress(FileNotFoundError):
+            if self.log_path.stat().st_size > _LOG_LIMIT:
+                self.log_path.unlink()
         with self.log_path.open("ab") as log_file:
             self._log_start = log_file.tell()
             log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
@@ -408,7 +416,7 @@ class LocalServer:
                     f"Log {self.log_path}:\n{_tail(self.log_path, self._log_start)}"
                 )
             try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as reply:
+                with _NO_PROXY.open(f"{self.base_url}/models", timeout=2) as reply:
                     if reply.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -471,9 +479,15 @@ class LocalChatOpenAI(ChatOpenAI):
         return payload
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_local(name: str, port: int | None, threads: int | None) -> None:
     """Runs the embedded model's server in the foreground until Ctrl-C, for reuse across runs."""
     server = LocalServer(name, port=port, threads=threads)
+    # SIGTERM and SIGHUP would end Python without unwinding and leave the server running: stop it as on Ctrl-C.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with server:
             print(f"Serving {server.model.title} as model {name!r} (log: {server.log_path})")
@@ -483,6 +497,9 @@ def serve_local(name: str, port: int | None, threads: int | None) -> None:
     except KeyboardInterrupt:
         print("\nStopped the local server.")
         return
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     raise LocalServerError(
         f"the llama.cpp server exited by itself with code {code}. "
         f"Log {server.log_path}:\n{_tail(server.log_path, server._log_start)}"
