@@ -32,7 +32,9 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m gpu
 
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(BIN)/refinery experiment --config bench/configs/demo.toml
+	$(BIN)/refinery traces html runs/demo -o runs/demo/report.html
 
 clean:
 	rm -rf $(VENV) build *.egg-info

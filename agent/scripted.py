@@ -37,17 +37,15 @@ class ScriptedChatModel(FakeMessagesListChatModel):
     ) -> ChatResult:
         metadata = (run_manager.metadata if run_manager is not None else None) or {}
         if TURN_KEY in metadata:
-            index = min(int(metadata[TURN_KEY]) - 1, len(self.responses) - 1)
+            index = int(metadata[TURN_KEY]) - 1
         else:
-            index = min(self.i, len(self.responses) - 1)
+            index = self.i
             self.i += 1
         task = str(metadata.get(TASK_KEY, ""))
         script = self.by_task.get(task, self.by_task.get(task.rsplit("/", 1)[-1]))
-        if script is not None:
-            text = script[min(index, len(script) - 1)] if TURN_KEY in metadata else script[0]
-        else:
-            reply = self.responses[index]
-            text = reply.content if isinstance(reply.content, str) else str(reply.content)
+        if script is None:
+            script = [r.content if isinstance(r.content, str) else str(r.content) for r in self.responses]
+        text = script[min(index, len(script) - 1)]
         prompt_chars = sum(len(str(m.content)) for m in messages)
         usage = {"input_tokens": prompt_chars // 4, "output_tokens": len(text) // 4, "total_tokens": (prompt_chars + len(text)) // 4}
         message = AIMessage(content=text, usage_metadata=usage)

@@ -276,3 +276,34 @@ def test_real_model_smoke() -> None:
     assert server.pid is None
     assert not psutil.pid_exists(pid), f"server pid {pid} still exists: {psutil.Process(pid).cmdline()}"
     assert not _port_open(port)
+
+
+@pytest.mark.local_model
+def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> None:
+    """One real turn of the refinement loop, the embedded model writing the kernel."""
+    if reason := _local_extra_missing():
+        pytest.skip(reason)
+    from agent.config import LoopSettings, ModelSettings, RunConfig
+    from agent.models import open_chat_model
+    from agent.runner import run_trajectory
+    from agent.state import TaskSpec
+    from bench.tasks import builtin_suite_root, load_suite
+    from tools.evaluator import Evaluator
+    from traces.schema import TrajectoryId
+    from traces.store import read_trace
+
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "1_relu")
+    settings = ModelSettings(model="local", max_tokens=512, temperature=0.0)
+    config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
+    with open_chat_model(settings) as chat, Evaluator(cpu_config) as evaluator:
+        result = run_trajectory(
+            TaskSpec(name=task.name, source=task.source_for("cpu"), level=1), config, chat, evaluator, tmp_path,
+            TrajectoryId(task=task.key, variant="G+E"), run_id="smoke",
+        )
+    (turn,) = read_trace(result.trace)
+    assert turn.reply.strip(), "a reply arrived"
+    assert turn.tokens.completion > 0
+    if turn.code is None:
+        assert turn.extract_error, "the missing code is reported, to be fed back"
+    else:
+        assert turn.result is not None and turn.result.status is not None, "the evaluator gave a verdict"
