@@ -116,26 +116,28 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for s in scores:
-        ax.plot(P_VALUES, [s.fast_p[f"{p:g}"] for p in P_VALUES], marker="o", label=f"L{s.level} {s.variant}")
-    ax.set(xlabel="speedup threshold p", ylabel="fast_p", title="fast_p against p", ylim=(-0.02, 1.02))
-    ax.legend()
-    ax.grid(alpha=0.3)
-    written.append(out_dir / "fast_p.png")
-    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for s in scores:
-        if s.fast1_by_turn:
-            ax.plot(range(1, len(s.fast1_by_turn) + 1), s.fast1_by_turn, marker="o", label=f"L{s.level} {s.variant}")
-    ax.set(xlabel="turn", ylabel="fast_1", title="fast_1 against refinement turns", ylim=(-0.02, 1.02))
-    ax.legend()
-    ax.grid(alpha=0.3)
-    written.append(out_dir / "fast1_by_turn.png")
-    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    def line_plot(name: str, series: list[tuple[str, list[float], list[float]]], **labels: object) -> None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label, xs, ys in series:
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set(ylim=(-0.02, 1.02), **labels)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        written.append(out_dir / name)
+        fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
+
+    line_plot(
+        "fast_p.png",
+        [(f"L{s.level} {s.variant}", list(P_VALUES), [s.fast_p[f"{p:g}"] for p in P_VALUES]) for s in scores],
+        xlabel="speedup threshold p", ylabel="fast_p", title="fast_p against p",
+    )
+    line_plot(
+        "fast1_by_turn.png",
+        [(f"L{s.level} {s.variant}", list(range(1, len(s.fast1_by_turn) + 1)), s.fast1_by_turn) for s in scores if s.fast1_by_turn],
+        xlabel="turn", ylabel="fast_1", title="fast_1 against refinement turns",
+    )
 
     fig, ax = plt.subplots(figsize=(6, 4))
     by_variant: dict[str, list[float]] = defaultdict(list)
