@@ -206,3 +206,23 @@ def test_same_candidate_on_another_task_in_one_worker(evaluator: Evaluator, relu
     source = candidate("return ext.leaky_wrong(x)")
     assert evaluator.evaluate(relu_task, source).status is EvalStatus.INCORRECT
     assert evaluator.evaluate(small_relu_task, source).status is EvalStatus.INCORRECT
+
+
+def test_worker_killed_from_outside_is_retried_not_blamed(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    with Evaluator(cpu_config.model_copy(update={"trials": 400})) as ev:
+        ev.run(relu_task, candidate(CORRECT), (Stage.COMPILE,))
+        victim = ev.worker.pid
+
+        def kill_soon() -> None:
+            time.sleep(1.0)
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=kill_soon, daemon=True).start()
+        result = ev.run(relu_task, candidate(CORRECT), (Stage.CORRECTNESS, Stage.TIMING))
+        assert ev.worker.pid != victim and ev.worker.retries == 1
+    assert result.status is EvalStatus.CORRECT, result.message

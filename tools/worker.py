@@ -28,6 +28,7 @@ from tools.results import EvalStatus
 log = structlog.get_logger()
 
 _STARTUP_TIMEOUT_S = 120.0
+_KILLED = "the worker was killed (SIGKILL)"
 _WATCH_INTERVAL_S = 0.25
 
 
@@ -62,6 +63,7 @@ class Worker:
         self.workdir: Path | None = None
         self.log_path: Path | None = None
         self.starts = 0
+        self.retries = 0
         self.last_start_s = 0.0
         self.pid: int | None = None
 
@@ -132,7 +134,20 @@ class Worker:
             return None
 
     def run(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
-        """Run a job; returns the reply and the tail of what the candidate printed."""
+        """Run a job; returns the reply and the tail of what the candidate printed.
+
+        A worker killed by a SIGKILL nobody here sent (the OOM killer, or an operator) gets one
+        more try in a fresh worker: a candidate that really exhausts memory dies again and is
+        reported as OOM, while an outside kill does not change the candidate's verdict.
+        """
+        reply, printed = self._run_once(job, timeout_s)
+        if reply.failure is EvalStatus.OOM and reply.message.startswith(_KILLED):
+            log.warning("worker_killed_retrying", pid=self.pid)
+            self.retries += 1
+            reply, printed = self._run_once(job, timeout_s)
+        return reply, printed
+
+    def _run_once(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
         if not self.alive:
             self.start()
         assert self.conn is not None and self.proc is not None
@@ -178,7 +193,7 @@ class Worker:
                 return JobReply(failure=EvalStatus.TIMEOUT, message="the candidate exceeded its CPU-time limit")
             if sig is signal.SIGKILL:
                 # Nobody here sent it: the kernel's OOM killer is the usual sender.
-                return JobReply(failure=EvalStatus.OOM, message="the worker was killed (SIGKILL), most likely out of memory")
+                return JobReply(failure=EvalStatus.OOM, message=f"{_KILLED}, most likely out of memory")
             if sig is signal.SIGXFSZ:
                 return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate wrote more output than allowed")
             return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the worker crashed with {sig.name} (e.g. a segmentation fault in the kernel)")
