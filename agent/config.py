@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tools.config import EvalConfig
 
@@ -78,9 +78,37 @@ class LoopSettings(BaseModel):
         return Variant.parse(self.variant)
 
 
+Strategy = Literal["refine", "best-of-n", "beam"]
+STRATEGIES: tuple[str, ...] = ("refine", "best-of-n", "beam")
+
+
+class SearchSettings(BaseModel):
+    """How a strategy schedules the loop's nodes, and the budget that caps any strategy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    n: int = Field(4, ge=1, description="best-of-n: independent trajectories")
+    rounds: int = Field(3, ge=1, description="beam: rounds of idea proposal and expansion")
+    ideas: int = Field(3, ge=1, description="beam: ideas (K) proposed for each seed kernel per round")
+    beam_width: int = Field(2, ge=1, description="beam: the W best kernels that seed the next round")
+    budget_evals: int | None = Field(None, ge=1, description="at most this many candidate evaluations")
+    budget_tokens: int | None = Field(None, ge=1, description="no model call starts once this many tokens are spent")
+
+
+def needs_temperature(strategy: str, search: SearchSettings, llm: ModelSettings) -> bool:
+    """Independent samples at temperature 0 are all the same (a scripted model chooses its own)."""
+    return strategy == "best-of-n" and search.n > 1 and llm.temperature <= 0 and not llm.model.startswith("scripted")
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     llm: ModelSettings = ModelSettings()
     loop: LoopSettings = LoopSettings()
     eval: EvalConfig = EvalConfig()
-    strategy: Literal["refine"] = "refine"
+    strategy: Strategy = "refine"
+    search: SearchSettings = SearchSettings()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if needs_temperature(self.strategy, self.search, self.llm):
+            raise ValueError(f"best-of-n with n = {self.search.n} needs temperature above 0 (e.g. --temperature 0.7)")
+        return self

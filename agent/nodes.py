@@ -17,6 +17,7 @@ import structlog
 from langchain_core.language_models import BaseChatModel
 from langgraph.runtime import Runtime
 
+from agent.budget import Budget
 from agent.config import RunConfig
 from agent.extract import extract_candidate
 from agent.llm import call_model
@@ -45,6 +46,8 @@ class AgentContext:
     hardware: str | None = None
     on_turn: Callable[[Attempt], None] | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    budget: Budget = field(default_factory=Budget)
+    """Evaluations and tokens left; shared by every trajectory of one strategy run."""
 
 
 def _draft(state: RefineState) -> Attempt:
@@ -76,10 +79,12 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
         previous=attempts[-1] if attempts else None,
         hardware=ctx.hardware if cfg.loop.hardware_prompt else None,
         tolerance=tol.rtol if tol else 1e-2,
+        idea=state.get("idea"),
     )
     started = time.perf_counter()
     reply = call_model(ctx.model, messages, cfg.llm, config={"metadata": {TURN_KEY: turn, TASK_KEY: ctx.trajectory.task}})
     ctx.counters["llm_retries"] = ctx.counters.get("llm_retries", 0) + reply.retries
+    ctx.budget.spend_tokens(reply.tokens.total)
     draft = Attempt(
         turn=turn,
         messages=tuple(TraceMessage(role=m.type, content=str(m.content)) for m in messages),
@@ -110,6 +115,7 @@ def _evaluate(state: RefineState, runtime: Runtime[AgentContext], node: str, sta
 
 
 def compile_candidate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    runtime.context.budget.spend_eval()
     draft = _evaluate(state, runtime, "compile", (Stage.STATIC, Stage.COMPILE))
     assert draft.result is not None
     outcome = Outcome.COMPILED if draft.result.status is None else Outcome.COMPILE_FAIL
@@ -140,16 +146,23 @@ def decide(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]
     """End the turn: record it, then stop at the target speedup or when the budget is spent."""
     ctx = runtime.context
     draft = _draft(state)
-    record = TurnRecord(
-        run_id=ctx.run_id, trajectory=ctx.trajectory, level=state["task"].level, turn=draft.turn,
-        model=ctx.config.llm.model, messages=draft.messages, reply=draft.reply, code=draft.code,
-        extract_error=draft.extract_error, result=draft.result, phase_seconds=draft.phase_seconds,
-        tokens=draft.tokens, started_at=draft.started_at,
-    )
+    record = turn_record(ctx, state, draft)
     append_turn(ctx.run_dir, record)
     if ctx.on_turn is not None:
         ctx.on_turn(draft)
     target_met = draft.correct and (draft.speedup or 0.0) >= ctx.config.loop.target_speedup
-    outcome = Outcome.DONE if target_met or draft.turn >= ctx.config.loop.turns else Outcome.CONTINUE
+    done = target_met or draft.turn >= ctx.config.loop.turns or ctx.budget.exhausted
+    outcome = Outcome.DONE if done else Outcome.CONTINUE
     log.info("node", node="decide", task=state["task"].name, turn=draft.turn, status=record.status, outcome=outcome.value)
     return {"attempts": [draft], "draft": None, "outcome": outcome}
+
+
+def turn_record(ctx: AgentContext, state: RefineState, draft: Attempt, node_id: str | None = None,
+                parent_id: str | None = None, idea: str | None = None) -> TurnRecord:
+    """The trace record of a finished attempt; search strategies add the node's place in their tree."""
+    return TurnRecord(
+        run_id=ctx.run_id, trajectory=ctx.trajectory, level=state["task"].level, turn=draft.turn,
+        model=ctx.config.llm.model, messages=draft.messages, reply=draft.reply, code=draft.code,
+        extract_error=draft.extract_error, result=draft.result, phase_seconds=draft.phase_seconds,
+        tokens=draft.tokens, started_at=draft.started_at, node_id=node_id, parent_id=parent_id, idea=idea,
+    )

@@ -71,6 +71,7 @@ def build_messages(
     previous: Attempt | None,
     hardware: str | None,
     tolerance: float,
+    idea: str | None = None,
 ) -> list[BaseMessage]:
     spec = prompts.backend(backend)
     system = prompts.render("system.j2", backend=spec, tolerance=f"{tolerance:g}")
@@ -86,5 +87,32 @@ def build_messages(
         previous_code=previous.code.strip() if previous is not None and previous.code else None,
         previous_reply=previous.reply if previous is not None else None,
         feedback=turn_feedback(previous, variant) if previous is not None else "",
+        idea=idea,
+    )
+    return [SystemMessage(content=system), HumanMessage(content=user)]
+
+
+def idea_messages(
+    task: TaskSpec,
+    backend: str,
+    variant: Variant,
+    parent: Attempt | None,
+    tried: list[str],
+    count: int,
+    hardware: str | None,
+    tolerance: float,
+) -> list[BaseMessage]:
+    """Ask for `count` short optimisation ideas for the parent kernel (the reference when None)."""
+    spec = prompts.backend(backend)
+    system = prompts.render("system.j2", backend=spec, tolerance=f"{tolerance:g}")
+    user = prompts.render(
+        "idea.j2",
+        hardware=hardware or "",
+        task_name=task.name,
+        task_source=task.source.strip(),
+        parent_code=parent.code.strip() if parent is not None and parent.code else None,
+        feedback=turn_feedback(parent, variant) if parent is not None else "",
+        tried=tried,
+        count=count,
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]

@@ -12,6 +12,7 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from agent.budget import Budget
 from agent.config import RunConfig
 from agent.graph import build_graph
 from agent.nodes import AgentContext
@@ -35,6 +36,15 @@ class TrajectoryResult:
     @property
     def turns(self) -> int:
         return len(self.attempts)
+
+    @property
+    def evals(self) -> int:
+        return evaluations(self.attempts)
+
+
+def evaluations(attempts: tuple[Attempt, ...] | list[Attempt]) -> int:
+    """Candidates that reached the evaluator (a reply without code has no result)."""
+    return sum(1 for a in attempts if a.result is not None)
 
 
 def _state_types() -> list[tuple[str, str]]:
@@ -80,15 +90,21 @@ def run_trajectory(
     hardware: str | None = None,
     resume: bool = True,
     on_turn: Callable[[Attempt], None] | None = None,
+    budget: Budget | None = None,
 ) -> TrajectoryResult:
-    """Run (or resume, or just read back) one trajectory to its end."""
+    """Run (or resume, or just read back) one trajectory to its end.
+
+    With a budget, what the checkpoint already spent is charged to it first, and a trajectory
+    whose budget is spent does not start.
+    """
+    budget = budget if budget is not None else Budget()
     saver = open_checkpointer(run_dir)
     with closing(saver.conn):
         graph = build_graph(checkpointer=saver)
         thread = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 8 * config.loop.turns + 20}
         ctx = AgentContext(
             config=config, model=model, evaluator=evaluator, run_dir=Path(run_dir), run_id=run_id,
-            trajectory=trajectory, hardware=hardware, on_turn=on_turn,
+            trajectory=trajectory, hardware=hardware, on_turn=on_turn, budget=budget,
         )
         snapshot = graph.get_state(thread)
         started = bool(snapshot.values)
@@ -97,7 +113,9 @@ def run_trajectory(
                 f"trajectory {trajectory.slug} already has a checkpoint in {run_dir}; pass --resume to continue it "
                 "or choose another --run-dir"
             )
-        if not started:
+        if started:
+            _charge(budget, snapshot.values)
+        if not started and budget.can_generate():
             graph.invoke({"task": task}, thread, context=ctx)
         elif snapshot.next:
             graph.invoke(None, thread, context=ctx)
@@ -108,3 +126,15 @@ def run_trajectory(
         tokens=values.get("tokens", TokenUsage()),
         trace=trace_path(run_dir, trajectory),
     )
+
+
+def _charge(budget: Budget, values: dict) -> None:
+    """Charge what a checkpointed trajectory already spent (the budget lives outside the checkpoint)."""
+    attempts = list(values.get("attempts", []))
+    draft = values.get("draft")
+    if draft is not None and draft.result is not None:
+        attempts.append(draft)
+    budget.tokens += values.get("tokens", TokenUsage()).total
+    budget.evals += evaluations(attempts)
+    if budget.parent is not None:
+        _charge(budget.parent, values)

@@ -78,3 +78,5 @@ class RefineState(TypedDict, total=False):
     attempts: Annotated[list[Attempt], operator.add]
     outcome: Outcome
     tokens: Annotated[TokenUsage, operator.add]
+    idea: str | None
+    """An optimisation idea the next kernel should apply (beam search); the loop leaves it unset."""

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from agent.config import LoopSettings, ModelSettings, RunConfig
+from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
 from agent.state import Attempt, TaskSpec
 from bench.logs import configure_logging
 from tools.config import EvalConfig
@@ -21,6 +21,15 @@ console = Console()
 app.add_typer(traces_app, name="traces")
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
+RoundsOpt = Annotated[Optional[int], typer.Option("--rounds", help="beam: rounds (default 3)")]
+IdeasOpt = Annotated[Optional[int], typer.Option("--ideas", help="beam: ideas K per seed kernel and round (default 3)")]
+WidthOpt = Annotated[Optional[int], typer.Option("--beam-width", help="beam: the W best kernels seed the next round (default 2)")]
+EvalsOpt = Annotated[Optional[int], typer.Option("--budget-evals", help="at most this many candidate evaluations per task")]
+TokensOpt = Annotated[Optional[int], typer.Option("--budget-tokens", help="no model call starts past this many tokens per task")]
+
+
+def _search(**options: int | None) -> dict[str, int]:
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _eval_config(device: str, backend: str | None = None, **overrides: object) -> EvalConfig:
@@ -74,10 +83,17 @@ def run_command(
     hardware_prompt: Annotated[bool, typer.Option(help="describe the device in the prompt")] = True,
     run_dir: Annotated[Optional[Path], typer.Option(help="where traces and checkpoints go")] = None,
     resume: Annotated[bool, typer.Option(help="continue this run directory's trajectory")] = False,
+    strategy: Annotated[str, typer.Option(help="refine, best-of-n or beam")] = "refine",
+    n: Annotated[Optional[int], typer.Option("--n", "--samples", help="best-of-n: independent trajectories (default 4)")] = None,
+    rounds: RoundsOpt = None,
+    ideas: IdeasOpt = None,
+    beam_width: WidthOpt = None,
+    budget_evals: EvalsOpt = None,
+    budget_tokens: TokensOpt = None,
 ) -> None:
-    """One refinement trajectory on one task, printing each turn's verdict as it happens."""
+    """One task with one strategy (default: one refinement trajectory), printing each verdict as it happens."""
     from agent.models import open_chat_model
-    from agent.runner import run_trajectory
+    from agent.strategies import StrategyRun, run_strategy
     from bench.render import print_trajectory_end, turn_line
     from bench.tasks import load_task_file
     from tools.evaluator import Evaluator
@@ -86,11 +102,17 @@ def run_command(
 
     configure_logging()
     task = load_task_file(task_file, level=_level_of(task_file))
-    config = RunConfig(
-        llm=ModelSettings(model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens),
-        loop=LoopSettings(variant=variant, turns=turns, target_speedup=target_speedup, hardware_prompt=hardware_prompt),
-        eval=_eval_config(device, backend),
-    )
+    search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
+    try:
+        config = RunConfig(
+            llm=ModelSettings(model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens),
+            loop=LoopSettings(variant=variant, turns=turns, target_speedup=target_speedup, hardware_prompt=hardware_prompt),
+            eval=_eval_config(device, backend),
+            strategy=strategy,  # type: ignore[arg-type]
+            search=SearchSettings(**search),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     run_dir = run_dir or Path("runs") / f"run-{task.name}-{uuid.uuid4().hex[:6]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
@@ -99,11 +121,14 @@ def run_command(
     def on_turn(attempt: Attempt) -> None:
         console.print(turn_line(attempt, turns))
 
-    console.print(f"[bold]{task.key}[/] · {config.loop.variant} · {turns} turns · {device} · model {model}")
+    console.print(f"[bold]{task.key}[/] · {config.loop.variant} · {strategy} · {turns} turns · {device} · model {model}")
     with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
-        result = run_trajectory(
-            TaskSpec(name=task.name, source=task.source_for(device), level=task.level), config, chat, evaluator,
-            run_dir, trajectory, run_id=run_dir.name, hardware=describe(device).block(), resume=resume, on_turn=on_turn,
+        result = run_strategy(
+            StrategyRun(
+                task=TaskSpec(name=task.name, source=task.source_for(device), level=task.level), config=config, model=chat,
+                evaluator=evaluator, run_dir=run_dir, trajectory=trajectory, run_id=run_dir.name,
+                hardware=describe(device).block(), resume=resume, on_turn=on_turn,
+            )
         )
     print_trajectory_end(console, result)
 
@@ -116,7 +141,14 @@ def experiment_command(
     tasks: Annotated[Optional[str], typer.Option(help="task name filter (substring or glob)")] = None,
     variants: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. G,G+E,G+E+P")] = None,
     turns: Optional[int] = None,
-    samples: Annotated[Optional[int], typer.Option(help="independent trajectories per task and variant")] = None,
+    samples: Annotated[Optional[int], typer.Option(help="independent trajectories per task, variant and strategy")] = None,
+    strategies: Annotated[Optional[str], typer.Option(help="comma-separated: refine,best-of-n,beam")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", help="best-of-n: independent trajectories (default 4)")] = None,
+    rounds: RoundsOpt = None,
+    ideas: IdeasOpt = None,
+    beam_width: WidthOpt = None,
+    budget_evals: EvalsOpt = None,
+    budget_tokens: TokensOpt = None,
     device: Annotated[Optional[str], typer.Option(help="cpu or cuda")] = None,
     backend: Optional[str] = None,
     model: Optional[str] = None,
@@ -138,7 +170,7 @@ def experiment_command(
     configure_logging(quiet=True)
     overrides: dict[str, object] = {
         "suite": suite, "levels": _ints(levels), "tasks": tasks, "variants": _list(variants), "turns": turns,
-        "samples": samples, "device": device, "backend": backend, "target_speedup": target_speedup,
+        "samples": samples, "strategies": _list(strategies), "device": device, "backend": backend, "target_speedup": target_speedup,
         "workers": workers, "concurrency": concurrency, "executor": executor,
     }
     llm = {"model": model, "base_url": base_url, "api_key_env": api_key_env, "temperature": temperature, "max_tokens": max_tokens}
@@ -149,6 +181,8 @@ def experiment_command(
         data = tomllib.loads(config_file.read_text())
     data.update({k: v for k, v in overrides.items() if v is not None})
     data["llm"] = {**dict(data.get("llm", {})), **{k: v for k, v in llm.items() if v is not None}}  # type: ignore[arg-type]
+    search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
+    data["search"] = {**dict(data.get("search", {})), **search}  # type: ignore[arg-type]
     if trials is not None:
         data["eval"] = {**dict(data.get("eval", {})), "trials": trials}  # type: ignore[arg-type]
     run_dir = run_dir or Path(str(data.pop("run_dir", "") or f"runs/experiment-{uuid.uuid4().hex[:6]}"))

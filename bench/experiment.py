@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent.config import LoopSettings, ModelSettings, RunConfig, Variant
-from agent.runner import TrajectoryResult, run_trajectory
+from agent.config import STRATEGIES, LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, needs_temperature
 from agent.state import TaskSpec
+from agent.strategies import StrategyResult, StrategyRun, run_strategy
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
 from tools.results import EvalStatus
@@ -42,6 +42,8 @@ class ExperimentConfig(BaseModel):
     variants: list[str] = ["G", "G+E", "G+E+P"]
     turns: int = Field(10, ge=1)
     samples: int = Field(1, ge=1, description="independent trajectories per task and variant")
+    strategies: list[str] = Field(["refine"], description="refine, best-of-n, beam: each runs on every task and variant")
+    search: SearchSettings = Field(SearchSettings(), description="strategy options and the budget that caps each run")
     target_speedup: float = 1.0
     hardware_prompt: bool = True
     device: Literal["cpu", "cuda"] = "cpu"
@@ -56,6 +58,11 @@ class ExperimentConfig(BaseModel):
     def _check(self) -> ExperimentConfig:
         for v in self.variants:
             Variant.parse(v)
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown or not self.strategies:
+            raise ValueError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; strategies are {', '.join(STRATEGIES)}")
+        if "best-of-n" in self.strategies and needs_temperature("best-of-n", self.search, self.llm):
+            raise ValueError(f"best-of-n with n = {self.search.n} needs temperature above 0; set llm.temperature, e.g. 0.7")
         if self.samples > 1 and self.llm.temperature <= 0 and not self.llm.model.startswith("scripted:"):
             raise ValueError(
                 f"samples = {self.samples} needs temperature above 0 (independent samples at temperature 0 are "
@@ -73,9 +80,9 @@ class ExperimentConfig(BaseModel):
         base = self.eval or EvalConfig()
         return base.model_copy(update={"device": self.device, "backend": self.backend})
 
-    def run_config(self, variant: str) -> RunConfig:
+    def run_config(self, variant: str, strategy: str = "refine") -> RunConfig:
         loop = LoopSettings(variant=variant, turns=self.turns, target_speedup=self.target_speedup, hardware_prompt=self.hardware_prompt)
-        return RunConfig(llm=self.llm, loop=loop, eval=self.eval_config())
+        return RunConfig(llm=self.llm, loop=loop, eval=self.eval_config(), strategy=strategy, search=self.search)  # type: ignore[arg-type]
 
     def worker_count(self) -> int:
         if self.workers:
@@ -102,14 +109,27 @@ class TrajectoryRecord(BaseModel):
     compiled: bool
     tokens: int
     per_turn: list[tuple[str, float | None]]
-    """Each turn's status and speedup (None unless correct), for fast_p against the turn."""
+    """Each turn's status and speedup (None unless correct), for fast_p against the turn; in
+    evaluation order for search strategies, so it also gives the best speedup per evaluation spent."""
+    strategy: str = "refine"
+    evals: int | None = None
+    """Candidate evaluations spent; None in results written before strategies (count per_turn)."""
 
     @property
     def key(self) -> tuple[str, str, int]:
+        """Unique within one strategy (results before strategies were all refine)."""
         return (self.task, self.variant, self.sample)
 
+    @property
+    def run_key(self) -> tuple[str, str, int, str]:
+        return (*self.key, self.strategy)
 
-def record_of(task: Task, variant: str, sample: int, result: TrajectoryResult) -> TrajectoryRecord:
+    @property
+    def evaluations(self) -> int:
+        return self.evals if self.evals is not None else sum(1 for status, _ in self.per_turn if status != "no_code")
+
+
+def record_of(task: Task, variant: str, sample: int, result: StrategyResult, strategy: str = "refine") -> TrajectoryRecord:
     per_turn: list[tuple[str, float | None]] = []
     for a in result.attempts:
         status = "no_code" if a.code is None else (a.result.status.value if a.result and a.result.status else "runtime_error")
@@ -123,6 +143,7 @@ def record_of(task: Task, variant: str, sample: int, result: TrajectoryResult) -
         task=task.key, level=task.level, variant=variant, sample=sample, best_status=best_status,
         best_speedup=best.speedup if best else None, best_turn=best.turn if best else None,
         turns=result.turns, compiled=compiled, tokens=result.tokens.total, per_turn=per_turn,
+        strategy=strategy, evals=result.evals,
     )
 
 
@@ -135,7 +156,7 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
     path = results_path(run_dir)
     if not path.exists():
         return []
-    records: dict[tuple[str, str, int], TrajectoryRecord] = {}
+    records: dict[tuple[str, str, int, str], TrajectoryRecord] = {}
     lines = path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -146,7 +167,7 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
             if number == len(lines):
                 continue
             raise
-        records[record.key] = record
+        records[record.run_key] = record
     return list(records.values())
 
 
@@ -162,11 +183,15 @@ class ResultsWriter:
             os.fsync(fh.fileno())
 
 
-def plan(config: ExperimentConfig) -> list[tuple[Task, str, int]]:
+def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
+    """(task, variant, sample, strategy) for every trajectory the experiment runs."""
     tasks = load_suite(resolve_suite(config.suite), levels=config.levels, name_filter=config.tasks)
     if not tasks:
         raise ValueError(f"no task in suite {config.suite!r} levels {config.levels} matches {config.tasks!r}")
-    return [(t, str(Variant.parse(v)), s) for t in tasks for v in config.variants for s in range(config.samples)]
+    return [
+        (t, str(Variant.parse(v)), s, strategy)
+        for t in tasks for v in config.variants for strategy in config.strategies for s in range(config.samples)
+    ]
 
 
 _RUNTIME_ONLY = {"workers", "concurrency", "executor"}
@@ -202,19 +227,19 @@ def run_experiment(
     `model_factory` gives a chat model per trajectory (they run in parallel threads), and
     `evaluator` is shared: a pool whose `run` is thread-safe.
     """
-    finished = {r.key: r for r in read_results(run_dir)}
-    todo = [(t, v, s) for t, v, s in plan(config) if (t.key, v, s) not in finished]
+    finished = {r.run_key: r for r in read_results(run_dir)}
+    todo = [(t, v, s, st) for t, v, s, st in plan(config) if (t.key, v, s, st) not in finished]
     writer = ResultsWriter(run_dir)
     run_id = Path(run_dir).name or uuid.uuid4().hex[:8]
 
-    def one(task: Task, variant: str, sample: int) -> TrajectoryRecord:
-        trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample)
+    def one(task: Task, variant: str, sample: int, strategy: str) -> TrajectoryRecord:
+        trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy)
         spec = TaskSpec(name=task.name, source=task.source_for(config.device), level=task.level)
-        result = run_trajectory(
-            spec, config.run_config(variant), model_factory(), evaluator, run_dir, trajectory,  # type: ignore[arg-type]
-            run_id=run_id, hardware=hardware, resume=True,
+        run = StrategyRun(
+            task=spec, config=config.run_config(variant, strategy), model=model_factory(), evaluator=evaluator,  # type: ignore[arg-type]
+            run_dir=run_dir, trajectory=trajectory, run_id=run_id, hardware=hardware, resume=True,
         )
-        record = record_of(task, variant, sample, result)
+        record = record_of(task, variant, sample, run_strategy(run), strategy)
         writer.append(record)
         return record
 

@@ -30,7 +30,7 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console) -> None:
     done = read_results(run_dir)
     console.print(
         f"[bold]experiment[/] {run_dir}: {total} trajectories ({len(done)} already finished) · "
-        f"variants {', '.join(config.variants)} · {config.turns} turns · {config.device} · model {config.llm.model}"
+        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.turns} turns · {config.device} · model {config.llm.model}"
     )
     counts = {"done": len(done), "correct": sum(map(is_correct, done)), "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1)}
     columns = (

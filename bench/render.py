@@ -11,6 +11,7 @@ from tools.results import EvalResult, EvalStatus
 
 if TYPE_CHECKING:
     from agent.runner import TrajectoryResult
+    from agent.strategies import StrategyResult
     from agent.state import Attempt
 
 STATUS_STYLE = {
@@ -67,10 +68,12 @@ def turn_line(attempt: Attempt, turns: int) -> str:
     return f"  turn {attempt.turn}/{turns}  {badge(status):<28} {detail}  [dim]({seconds:.0f} s, {attempt.tokens.total} tok)[/]"
 
 
-def print_trajectory_end(console: Console, result: TrajectoryResult) -> None:
+def print_trajectory_end(console: Console, result: TrajectoryResult | StrategyResult) -> None:
     best = result.best
+    cost = f"{result.evals} evaluations, {result.tokens.total} tokens"
     if best is None:
-        console.print(f"[bold]no correct kernel[/] in {result.turns} turns ({result.tokens.total} tokens)")
+        console.print(f"[bold]no correct kernel[/] in {result.turns} turns ({cost})")
     else:
-        console.print(f"[bold green]best: turn {best.turn}, speedup {best.speedup:.2f}x[/] ({result.tokens.total} tokens)")
-    console.print(f"trace: {result.trace}")
+        console.print(f"[bold green]best: turn {best.turn}, speedup {best.speedup:.2f}x[/] ({cost})")
+    traces = getattr(result, "traces", (result.trace,))
+    console.print("trace: " + ", ".join(str(p) for p in traces))
