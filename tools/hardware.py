@@ -83,18 +83,21 @@ def describe_gpu(index: int = 0) -> HardwareInfo:
     facts.append(("warp size", str(getattr(props, "warp_size", 32))))
     try:
         import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        bus_width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
-        mem_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-        sm_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
-        # DDR: two transfers per clock.
-        bandwidth = 2 * mem_clock * 1e6 * bus_width / 8 / 1e12
-        facts.append(("memory bandwidth (peak)", f"about {bandwidth:.1f} TB/s"))
-        facts.append(("max SM clock", f"{sm_clock} MHz"))
-    except Exception as exc:  # pynvml is optional detail; the rest of the block stands without it
-        facts.append(("memory bandwidth", f"unknown ({type(exc).__name__})"))
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            bus_width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+            mem_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+            sm_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            # DDR: two transfers per clock.
+            bandwidth = 2 * mem_clock * 1e6 * bus_width / 8 / 1e12
+            facts.append(("memory bandwidth (peak)", f"about {bandwidth:.1f} TB/s"))
+            facts.append(("max SM clock", f"{sm_clock} MHz"))
+        except pynvml.NVMLError as exc:  # bandwidth is detail; the rest of the block stands without it
+            facts.append(("memory bandwidth", f"unknown ({exc})"))
     return HardwareInfo(device="cuda", name=props.name, facts=tuple(facts))
 
 

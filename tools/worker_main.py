@@ -141,7 +141,7 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         return state.loaded[key]
     try:
         task = import_source(job.task_source, "task", state.workdir)
-    except Exception as exc:
+    except Exception as exc:  # a broken task program is reported, whatever it raised
         raise StageFailed(EvalStatus.RUNTIME_ERROR, f"the task program {job.task_name} failed to load:\n{describe(exc)}") from exc
     ledger = state.cache.begin(job.candidate_source)
     hits_before, misses_before = ledger.hits, ledger.misses
@@ -157,7 +157,7 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         raise StageFailed(EvalStatus.COMPILE_ERROR, exc.log) from None
     except StageFailed:
         raise
-    except Exception as exc:
+    except Exception as exc:  # candidate code may raise anything: it becomes the candidate's status
         status, fatal = classify(exc)
         if status is EvalStatus.RUNTIME_ERROR:
             status = EvalStatus.COMPILE_ERROR
@@ -254,7 +254,7 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
         return JobReply(failure=exc.status, message=exc.message, stage_seconds=seconds, fatal=exc.fatal, **parts)
     except Rejected as exc:
         return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, **parts)
-    except Exception as exc:
+    except Exception as exc:  # candidate code may raise anything: it becomes the candidate's status
         status, fatal = classify(exc)
         return JobReply(failure=status, message=f"{stage.value}: {describe(exc)}", stage_seconds=seconds, fatal=fatal, **parts)
     return JobReply(stage_seconds=seconds, **parts)
