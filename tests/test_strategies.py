@@ -22,6 +22,8 @@ from tools.config import EvalConfig
 from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
 from tools.results import EvalResult, EvalStatus, Stage
+from traces.html import render_report
+from traces.inspect import load_run
 from traces.schema import TrajectoryId
 from traces.store import read_trace
 
@@ -153,6 +155,13 @@ def test_beam_tree_and_seeding(cpu_config: EvalConfig, evaluator: Evaluator, rel
     assert any("Apply this optimisation idea: leaky slope" in p for p in model.prompts)
     assert result.best is not None and result.best.correct
     assert result.tokens.total == sum(r.tokens.total for r in records), "idea calls are charged to the trace too"
+    # The HTML report draws the tree: round-2 kernels nest under their seed, with their ideas.
+    html = render_report(load_run(tmp_path), title="beam")
+    tree = html[html.index('<ul class="search-tree">'):]
+    tree = tree[: tree.index("</figure>")]
+    between = tree[tree.index(f"<b>{seeds[0]}</b>"):tree.index("<b>r2-00</b>")]
+    assert "<ul>" in between and "</li>" not in between, "r2-00 is drawn inside its seed's item"
+    assert tree.count("<li>") == 10 and 'class="idea">leaky slope<' in tree
 
 
 @pytest.mark.parametrize(
@@ -234,3 +243,31 @@ def test_results_before_strategies_still_read() -> None:
            '"best_turn":2,"turns":2,"compiled":true,"tokens":10,"per_turn":[["no_code",null],["correct",1.5]]}')
     record = TrajectoryRecord.model_validate_json(old)
     assert record.strategy == "refine" and record.evaluations == 1 and record.key == ("level1/1_relu", "G+E", 0)
+
+
+def test_experiment_compares_strategies_at_equal_cost(tmp_path: Path, cache_dir: Path) -> None:
+    from agent.scripted import ScriptedChatModel
+    from bench.experiment import ExperimentConfig, read_results, run_experiment
+    from bench.report import report
+    from tools.pool import EvaluatorPool
+
+    solution = (Path(__file__).parent / "fixtures" / "cpu_solutions" / "1_relu_slow.py").read_text()
+    model = ScriptedChatModel(responses=[AIMessage(content=f"1. use OpenMP\n2. unroll\n```python\n{solution}```\n")])
+    config = ExperimentConfig(
+        levels=[1], tasks="1_relu", variants=["G+E"], turns=3, target_speedup=1e9, hardware_prompt=False, workers=1,
+        concurrency=3, strategies=["refine", "best-of-n", "beam"],
+        search=SearchSettings(n=2, rounds=2, ideas=2, beam_width=1, budget_evals=2),
+        llm=ModelSettings(model="scripted:x"),
+        eval=EvalConfig(trials=5, warmup=1, correctness_trials=2, time_compiled_reference=False, cache_dir=cache_dir),
+    )
+    with EvaluatorPool(config.eval_config(), workers=1) as pool:
+        run_experiment(config, tmp_path, lambda: model, pool)
+    records = {r.strategy: r for r in read_results(tmp_path)}
+    assert sorted(records) == ["beam", "best-of-n", "refine"]
+    assert {s: (r.evals, r.best_status) for s, r in records.items()} == {s: (2, "correct") for s in records}
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
+        "level1__1_relu__GE__s0.jsonl", "level1__1_relu__GE__s0__beam.jsonl",
+        "level1__1_relu__GE__s0__best-of-n.jsonl", "level1__1_relu__GE__s1__best-of-n.jsonl",
+    ]
+    report(tmp_path, plots=True)
+    assert (tmp_path / "plots" / "best_by_evals.png").exists() and (tmp_path / "strategies.json").exists()

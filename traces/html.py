@@ -190,6 +190,8 @@ class TrajectoryView:
     summary: TrajectorySummary
     turns: tuple[TurnView, ...]
     chart: Markup
+    tree: Markup | None = None
+    """A search strategy's tree of kernels (nested lists by parent_id); None for a refinement trajectory."""
 
     @property
     def label(self) -> str:
@@ -274,7 +276,37 @@ def trajectory_view(summary: TrajectorySummary) -> TrajectoryView:
             )
         )
     points = [ChartPoint(turn=t.record.turn, status=t.record.status, speedup=t.record.speedup, anchor=t.anchor) for t in turns]
-    return TrajectoryView(anchor=anchor, summary=summary, turns=tuple(turns), chart=speedup_chart(points))
+    return TrajectoryView(anchor=anchor, summary=summary, turns=tuple(turns), chart=speedup_chart(points), tree=search_tree(turns))
+
+
+def search_tree(turns: Sequence[TurnView]) -> Markup | None:
+    """Nested lists of the kernels by parent_id, each with its idea, verdict and a link to its turn."""
+    nodes = [t for t in turns if t.record.node_id is not None]
+    if not nodes:
+        return None
+    ids = {t.record.node_id for t in nodes}
+    children: dict[str | None, list[TurnView]] = {}
+    for t in nodes:
+        # A parent missing from the trace (a torn file) hangs its children from the root.
+        parent = t.record.parent_id if t.record.parent_id in ids else None
+        children.setdefault(parent, []).append(t)
+
+    def items(parent: str | None) -> str:
+        out = []
+        for t in children.get(parent, []):
+            r = t.record
+            speed = f" · {escape(format_speedup(r.speedup))}" if r.speedup is not None else ""
+            idea = f' <span class="idea">{escape(r.idea)}</span>' if r.idea else ""
+            below = items(r.node_id)
+            out.append(
+                f'<li><a class="badge status-{escape(r.status)}" href="#{escape(t.anchor)}">'
+                f'<b>{escape(r.node_id or "")}</b> {escape(r.status.replace("_", " "))}{speed}</a>{idea}'
+                + (f"<ul>{below}</ul>" if below else "") + "</li>"
+            )
+        return "".join(out)
+
+    # Every string above is escaped, so the tree is safe markup.
+    return Markup(f'<ul class="search-tree"><li><span class="root">reference</span><ul>{items(None)}</ul></li></ul>')  # noqa: S704
 
 
 def _better(a: TrajectorySummary, b: TrajectorySummary) -> bool:
