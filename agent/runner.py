@@ -7,6 +7,7 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -128,7 +129,7 @@ def run_trajectory(
     )
 
 
-def _charge(budget: Budget, values: dict) -> None:
+def _charge(budget: Budget, values: dict[str, Any]) -> None:
     """Charge what a checkpointed trajectory already spent (the budget lives outside the checkpoint)."""
     attempts = list(values.get("attempts", []))
     draft = values.get("draft")

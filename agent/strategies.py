@@ -189,10 +189,14 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
     nodes: list[BeamNode] = []
     tokens = TokenUsage()
     seeds: list[BeamNode | None] = [None]
+
+    def stop() -> bool:
+        return not budget.can_generate() or any(_target_met(n.attempt, config) for n in nodes)
+
     for round_no in range(1, search.rounds + 1):
         index = 0
         for seed in seeds:
-            if not budget.can_generate():
+            if stop():
                 break
             tried = [n.idea for n in nodes if n.parent_id == (seed.node_id if seed else None) and n.idea]
             messages = idea_messages(
@@ -208,7 +212,7 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
             idea_tokens = reply.tokens
             log.info("beam_ideas", task=run.task.name, round=round_no, parent=seed.node_id if seed else None, ideas=len(ideas))
             for idea in ideas:
-                if not budget.can_generate():
+                if stop():
                     break
                 state: RefineState = {
                     "task": run.task, "turn": round_no - 1, "attempts": [seed.attempt] if seed else [], "idea": idea,
@@ -226,15 +230,9 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
                 append_turn(run.run_dir, turn_record(ctx, state, draft, node.node_id, node.parent_id, idea))
                 if run.on_turn is not None:
                     run.on_turn(draft)
-                if _target_met(draft, config):
-                    break
-            if any(_target_met(n.attempt, config) for n in nodes):
-                break
-        if any(_target_met(n.attempt, config) for n in nodes):
+        if stop():
             break
         seeds = list(select_seeds(nodes, search.beam_width)) or [None]
         log.info("beam_round", task=run.task.name, round=round_no, seeds=[s.node_id for s in seeds if s is not None])
-        if not budget.can_generate():
-            break
     return StrategyResult(strategy="beam", trajectory=run.trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,))
 
