@@ -7,10 +7,13 @@ Each built module is wrapped so the evaluator can tell whether `forward` really 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +147,24 @@ def trim_compiler_log(raw: str, line_maps: dict[str, tuple[int, int | None]], ma
     return "\n".join(picked)[:6000]
 
 
+@contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """One builder per build directory, under a lock the kernel drops when its holder dies.
+
+    torch guards a build with a `lock` file (FileBaton) that stays behind when the building
+    worker is SIGKILLed (by the OOM killer, an operator, a hang's timeout), and every later build
+    of that extension then waits on it forever. Whoever holds this flock is the only builder, so a
+    `lock` file found while holding it belongs to a dead one and is removed.
+    """
+    with open(build_dir / ".refinery-build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class CompileCache:
     """Replaces `load_inline` in the worker with a cached, counting version."""
 
@@ -205,9 +226,10 @@ class CompileCache:
         kwargs.pop("build_directory", None)
         started = time.perf_counter()
         try:
-            module = _ORIGINAL_LOAD_INLINE(
-                name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **kwargs
-            )
+            with _build_lock(build_dir):
+                module = _ORIGINAL_LOAD_INLINE(
+                    name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **kwargs
+                )
         except RuntimeError as exc:
             text = str(exc)
             if "Error building extension" not in text:

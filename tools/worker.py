@@ -14,7 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -30,6 +32,19 @@ log = structlog.get_logger()
 _STARTUP_TIMEOUT_S = 120.0
 _KILLED = "the worker was killed (SIGKILL)"
 _WATCH_INTERVAL_S = 0.25
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """One thread that starts every worker of this process and lives as long as it does."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
+        return _SPAWNER
 
 
 class WorkerStartError(RuntimeError):
@@ -107,12 +122,15 @@ class Worker:
             "--cores", ",".join(map(str, self.cores or [])),
             # The address-space limit only suits CPU workers (see sandbox.apply_limits).
             "--memory-bytes", str(self.memory_limit_bytes + (4 << 30) if self.device == "cpu" else 0),
+            "--parent-pid", str(os.getpid()),
         ]
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
+            # From the long-lived spawner thread: the worker dies with this process (see
+            # worker_main.die_with_parent), not with whichever thread happened to start it.
+            self.proc = _spawner().submit(
+                subprocess.Popen, cmd, cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
-            )
+            ).result()
         child_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()

@@ -285,6 +285,25 @@ def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> N
             return
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this worker when the process that started it dies, even a SIGKILLed one.
+
+    Without it a killed experiment leaves its workers behind, and one running a hung kernel spins
+    on until its CPU-time limit (an hour), holding its cores or its GPU's memory. A Python-level
+    watch could not help: a spinning kernel holds the GIL. The kernel sends the signal when the
+    parent's *thread* that started the worker ends, so tools.worker starts every worker from one
+    long-lived thread.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the signal was armed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
@@ -294,7 +313,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cpu-seconds-per-job", type=float, default=3600)
     parser.add_argument("--cores", default="", help="comma-separated CPU cores to run on")
+    parser.add_argument("--parent-pid", type=int, default=0, help="end when this process ends")
     args = parser.parse_args()
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
     if args.cores:
         # Before any thread exists: OpenMP and compiler processes inherit it.
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})

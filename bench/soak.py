@@ -1,0 +1,509 @@
+"""Soak test of the experiment runner: faults everywhere, nothing lost, the same table.
+
+Each round runs `refinery experiment` on three built-in CPU tasks against a scripted endpoint on
+127.0.0.1 (bench/soak_server.py) that injects transport faults: 429 with Retry-After, 500, a
+connection reset, a stall past the client timeout, a truncated body. The scripted replies mix
+correct kernels with replies without code, garbage, and candidates that segfault, hang, exhaust
+memory, write out of bounds, print megabytes, and fork (bench/soak_kernels.cpp, one extension).
+During the round the soak SIGKILLs evaluation workers, and SIGKILLs the experiment process once
+and runs the same command again. The same script then runs without any fault into another run
+directory, and the two tables must agree on their deterministic parts.
+
+    python -m bench.soak --short          # one small round (the tests run it)
+    python -m bench.soak --minutes 30     # rounds until 30 minutes are spent
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from bench.experiment import ExperimentConfig, TrajectoryRecord, plan, read_results, results_path
+from bench.soak_server import FaultPlan, ServerLog, serve
+
+KERNELS = (Path(__file__).parent / "soak_kernels.cpp").read_text()
+FUNCTIONS = ["relu_slow", "crash", "spin", "hog", "oob_write", "chatty", "forker", "chain", "gelu_wrong"]
+TASKS = {"1_relu": "level1/1_relu", "2_gelu": "level1/2_gelu", "9_bias_tanh_clamp_chain": "level2/9_bias_tanh_clamp_chain"}
+TASK_FILTER = "[129]_[rgb]*"  # 1_relu, 2_gelu (level 1) and 9_bias_tanh_clamp_chain (level 2)
+FAULT_CANDIDATES = ("crash", "spin", "hog", "oob_write")
+CANDIDATE_KINDS = ("correct", "no_code", "garbage", "crash", "spin", "hog", "oob_write", "chatty", "forker")
+
+HEADER = f'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp_source = r"""
+{KERNELS}"""
+
+ext = load_inline(
+    name="refinery_soak_kernels",
+    cpp_sources=cpp_source,
+    functions={FUNCTIONS!r},
+    extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+    extra_ldflags=["-fopenmp"],
+)
+'''
+
+_PLAIN = '''
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+
+    def forward(self, x):
+        return ext.{fn}(x)
+'''
+
+_CHAIN = '''
+
+class ModelNew(nn.Module):
+    def __init__(self, channels, low, high):
+        super().__init__()
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(channels, 1, 1))
+        self.shift = nn.Parameter(0.1 * torch.randn(channels, 1, 1))
+        self.low = low
+        self.high = high
+
+    def forward(self, x):
+        return ext.chain(x, self.scale, self.shift, self.low, self.high)
+'''
+
+# What the correct kind is for each task, and what the table must say about it.
+_CORRECT_FN = {"1_relu": "relu_slow", "2_gelu": "gelu_wrong", "9_bias_tanh_clamp_chain": None}
+
+
+def fence(code: str) -> str:
+    return f"Here is my kernel.\n```python\n{code}```\n"
+
+
+def reply(task: str, kind: str, rng: random.Random) -> str:
+    """One scripted reply of the given kind for a task."""
+    if kind == "no_code":
+        return "I would fuse the loops and vectorise them, but I will not write the code yet."
+    if kind == "garbage":
+        junk = "".join(rng.choice("{}[]()<>;:=+-*/#@!~^%$ \nabcxyzModelNew") for _ in range(400))
+        return f"```python\n{junk}\n```\n" + "".join(chr(rng.randrange(0x20, 0x2FF)) for _ in range(200))
+    if kind == "correct":
+        fn = _CORRECT_FN[task]
+        return fence(HEADER + (_CHAIN if fn is None else _PLAIN.format(fn=fn)))
+    if kind in ("chatty", "forker") and task != "1_relu":
+        kind = "crash"  # they compute ReLU, so they only suit the ReLU task
+    return fence(HEADER + _PLAIN.format(fn=kind))
+
+
+SHORT_SCRIPT = {
+    "1_relu": ["crash", "chatty", "forker"],
+    "2_gelu": ["no_code", "spin", "hog"],
+    "9_bias_tanh_clamp_chain": ["garbage", "oob_write", "correct"],
+}
+
+
+def random_kinds(rng: random.Random, task: str, turns: int) -> list[str]:
+    menu = ["correct", "no_code", "garbage", *FAULT_CANDIDATES]
+    if task == "1_relu":
+        menu += ["chatty", "forker"]
+    # Hangs cost a whole timeout each: keep them rarer than the rest.
+    weights = [3 if k == "correct" else 1 if k == "spin" else 2 for k in menu]
+    return rng.choices(menu, weights=weights, k=turns)
+
+
+def build_script(kinds: dict[str, list[str]], seed: int) -> dict[str, list[str]]:
+    rng = random.Random(seed)
+    return {task: [reply(task, k, rng) for k in ks] for task, ks in kinds.items()}
+
+
+@dataclass
+class Settings:
+    turns: int = 3
+    samples: int = 1
+    workers: int = 2
+    concurrency: int = 3
+    eval_timeout_s: float = 25.0
+    llm_timeout_s: float = 5.0
+    stall_s: float = 8.0
+    fault_rate: float = 0.35
+    worker_kill_every_s: tuple[float, float] = (15.0, 40.0)
+    round_limit_s: float = 900.0
+
+
+def experiment_toml(s: Settings, base_url: str, cache_dir: Path) -> str:
+    return f"""
+suite = "builtin"
+levels = [1, 2]
+tasks = "{TASK_FILTER}"
+variants = ["G", "G+E"]
+turns = {s.turns}
+samples = {s.samples}
+target_speedup = 1.0
+workers = {s.workers}
+concurrency = {s.concurrency}
+hardware_prompt = false
+
+[llm]
+model = "soak"
+base_url = "{base_url}"
+api_key_env = "REFINERY_SOAK_NO_KEY"
+temperature = 0.7
+timeout_s = {s.llm_timeout_s}
+retries = 10
+max_tokens = 4096
+
+[eval]
+trials = 5
+warmup = 1
+correctness_trials = 2
+time_compiled_reference = false
+timeout_s = {s.eval_timeout_s}
+memory_limit_gb = 2.0
+cache_dir = "{cache_dir}"
+"""
+
+
+def table(records: list[TrajectoryRecord]) -> list[tuple]:
+    """The parts of the report the scripted outcomes fix; candidates are clearly fast or slow."""
+    from bench.report import score
+
+    return [(s.level, s.variant, s.tasks, s.correct, s.compiled, s.fast_p["0"], s.fast_p["1"]) for s in score(records)]
+
+
+def outcomes(records: list[TrajectoryRecord]) -> dict[tuple, tuple]:
+    """Each trajectory's turn statuses, and whether its best was faster than the reference."""
+    return {r.run_key: (tuple(s for s, _ in r.per_turn), r.best_status, (r.best_speedup or 0) > 1) for r in records}
+
+
+@dataclass
+class Totals:
+    rounds: int = 0
+    trajectories: int = 0
+    turns: int = 0
+    requests: int = 0
+    faults: Counter = field(default_factory=Counter)
+    faults_not_survived: int = 0
+    llm_retries: int = 0
+    llm_retries_logged: int = 0
+    worker_kills: int = 0
+    worker_starts: int = 0
+    worker_restarts: int = 0
+    outside_kills_retried: int = 0
+    experiment_kills: int = 0
+    candidates: Counter = field(default_factory=Counter)
+    lost: int = 0
+    duplicated: int = 0
+    tables_equal: int = 0
+    tables_differ: int = 0
+    outcomes_differ: int = 0
+    stray_processes: int = 0
+    rounds_failed: int = 0
+
+    def lines(self, elapsed_s: float) -> list[str]:
+        survived = sum(self.faults.values()) - self.faults_not_survived
+        return [
+            f"rounds: {self.rounds} finished, {self.rounds_failed} failed (elapsed {elapsed_s / 60:.1f} min)",
+            f"trajectories: {self.trajectories}",
+            f"turns: {self.turns}",
+            f"candidates by kind: {dict(sorted(self.candidates.items()))}",
+            f"LLM requests: {self.requests}",
+            f"faults injected by kind: {dict(sorted(self.faults.items()))} (total {sum(self.faults.values())});"
+            f" SIGKILLed workers: {self.worker_kills}; SIGKILLed experiment processes: {self.experiment_kills}",
+            f"faults survived: {survived} of {sum(self.faults.values())} transport faults;"
+            f" {self.worker_kills} of {self.worker_kills} worker kills; {self.experiment_kills} of {self.experiment_kills} experiment kills",
+            f"worker restarts: {self.worker_restarts} (worker processes started: {self.worker_starts};"
+            f" jobs retried after an outside kill: {self.outside_kills_retried})",
+            f"retries made: {self.llm_retries} LLM retries seen by the endpoint ({self.llm_retries_logged} logged by the client)",
+            f"trajectories lost: {self.lost}",
+            f"duplicated trajectories after the resume: {self.duplicated}",
+            f"stray processes after a round: {self.stray_processes}",
+            f"final table equal to the fault-free table: {'yes' if self.tables_differ == 0 and self.tables_equal else 'no'}"
+            f" ({self.tables_equal} of {self.tables_equal + self.tables_differ} rounds; trajectory outcomes differ in {self.outcomes_differ})",
+        ]
+
+
+def refinery(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from bench.cli import app; app()", *args]
+
+
+def _workers_of(proc: psutil.Process) -> list[psutil.Process]:
+    found = []
+    try:
+        children = proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for child in children:
+        try:
+            cmd = child.cmdline()
+            if "tools.worker_main" in cmd and child.ppid() == proc.pid:
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _raw_keys(run_dir: Path) -> Counter:
+    """Every record line of results.jsonl, duplicates kept (read_results collapses them)."""
+    counts: Counter = Counter()
+    path = results_path(run_dir)
+    if not path.exists():
+        return counts
+    for line in path.read_text().splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        counts[(data["task"], data["variant"], data["sample"], data.get("strategy", "refine"))] += 1
+    return counts
+
+
+@dataclass
+class Launch:
+    rc: int | None
+    worker_pids: set[int]
+    worker_kills: int
+    killed: bool
+    stderr: str
+
+
+def supervise(cmd: list[str], run_dir: Path, log_path: Path, rng: random.Random, s: Settings, total: int,
+              kill_experiment: bool, deadline: float, heartbeat: Callable[[int], None]) -> Launch:
+    """Run the experiment command; SIGKILL workers now and then, and the whole process once if asked."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    handle = psutil.Process(proc.pid)
+    seen: dict[int, float] = {}
+    immune: dict[int, float] = {}
+    last_kill = -1e9
+    kills = 0
+    next_kill = time.monotonic() + rng.uniform(*s.worker_kill_every_s)
+    kill_at = max(1, total // 3)
+    killed = False
+    next_beat = time.monotonic() + 60.0
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now >= next_beat:
+            heartbeat(kills)
+            next_beat = now + 60.0
+        if now > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise TimeoutError(f"the experiment did not finish within the round's limit; see {log_path}")
+        workers = _workers_of(handle)
+        for w in workers:
+            if w.pid not in seen:
+                seen[w.pid] = now
+                if now - last_kill < 20.0:
+                    # Most likely the killed worker's replacement, retrying its job: the runner
+                    # retries an outside kill once, so this one is left alone for a while.
+                    immune[w.pid] = now + 180.0
+        if now >= next_kill:
+            old = [w for w in workers if now - seen[w.pid] > 5.0 and immune.get(w.pid, 0.0) < now]
+            if old:
+                victim = rng.choice(old)
+                try:
+                    victim.send_signal(signal.SIGKILL)
+                    kills += 1
+                    last_kill = now
+                except psutil.NoSuchProcess:
+                    pass
+                next_kill = now + rng.uniform(*s.worker_kill_every_s)
+        if kill_experiment and not killed and len(read_results(run_dir)) >= kill_at:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed = True
+            break
+        time.sleep(0.3)
+    rc = proc.wait()
+    return Launch(rc=None if killed else rc, worker_pids=set(seen), worker_kills=kills, killed=killed, stderr="")
+
+
+def _stray(pids: set[int]) -> list[psutil.Process]:
+    """Processes of a finished round still alive: workers, or children a candidate left behind."""
+    left = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def clean_records(config_toml: str, script: dict[str, list[str]], run_dir: Path, log_path: Path, s: Settings,
+                  deadline: float) -> list[TrajectoryRecord]:
+    """The same script through a fault-free endpoint, uninterrupted."""
+    server_log = ServerLog()
+    with serve(script, None, server_log) as url:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = run_dir.parent / f"{run_dir.name}.toml"
+        config_path.write_text(config_toml.replace("@BASE_URL@", url))
+        cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(run_dir))
+        with log_path.open("ab") as out:
+            proc = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=max(10.0, deadline - time.monotonic()))
+        if proc.returncode != 0:
+            raise RuntimeError(f"the fault-free run failed (exit {proc.returncode}); see {log_path}")
+    return read_results(run_dir)
+
+
+def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, work: Path, cache_dir: Path,
+              totals: Totals, say: Callable[[str], None]) -> None:
+    rng = random.Random(seed * 7919 + index)
+    script = build_script(kinds, seed)
+    for ks in kinds.values():
+        totals.candidates.update(ks)
+    round_dir = work / f"round-{index:03d}"
+    round_dir.mkdir(parents=True, exist_ok=True)
+    config_toml = experiment_toml(s, "@BASE_URL@", cache_dir)
+    deadline = time.monotonic() + s.round_limit_s
+    server_log = ServerLog()
+    fault_plan = FaultPlan(seed=seed, rate=s.fault_rate, stall_s=s.stall_s)
+    faulty_dir = round_dir / "faulty"
+    log_path = round_dir / "faulty.log"
+    say(f"round {index}: seed {seed}, script {kinds}")
+    with serve(script, fault_plan, server_log) as url:
+        config_path = round_dir / "faulty.toml"
+        config_path.write_text(config_toml.replace("@BASE_URL@", url))
+        config = ExperimentConfig.from_toml(config_path)
+        total = len(plan(config))
+        cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(faulty_dir))
+        pids: set[int] = set()
+        launches = 0
+        kill_experiment = True
+        while True:
+            launches += 1
+            def beat(kills: int) -> None:
+                say(f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
+                    f"{server_log.requests} LLM requests, faults {dict(server_log.faults)}, "
+                    f"{totals.worker_kills + kills} workers SIGKILLed so far")
+
+            launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
+            pids |= launch.worker_pids
+            totals.worker_kills += launch.worker_kills
+            if launch.killed:
+                totals.experiment_kills += 1
+                kill_experiment = False
+                say(f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} trajectories done; restarting")
+                continue
+            if launch.rc != 0:
+                totals.faults_not_survived += 1
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the experiment failed (exit {launch.rc}) under faults; its output ends:\n{tail}")
+            break
+    text = log_path.read_text(errors="replace")
+    totals.llm_retries_logged += text.count("llm_retry")
+    totals.outside_kills_retried += text.count("worker_killed_retrying")
+    totals.requests += server_log.requests
+    totals.faults.update(server_log.faults)
+    totals.llm_retries += server_log.retries
+    totals.worker_starts += len(pids)
+    totals.worker_restarts += max(0, len(pids) - s.workers * launches)
+
+    raw = _raw_keys(faulty_dir)
+    faulty = read_results(faulty_dir)
+    planned = {(item[0].key, *item[1:]) for item in plan(config)}
+    totals.lost += len(planned - set(raw))
+    totals.duplicated += sum(c - 1 for c in raw.values() if c > 1)
+    totals.trajectories += len(faulty)
+    totals.turns += sum(r.turns for r in faulty)
+
+    clean = clean_records(config_toml, script, round_dir / "clean", round_dir / "clean.log", s, deadline)
+    if table(faulty) == table(clean):
+        totals.tables_equal += 1
+    else:
+        totals.tables_differ += 1
+        say(f"round {index}: TABLES DIFFER\n  faulty: {table(faulty)}\n  clean:  {table(clean)}")
+    a, b = outcomes(faulty), outcomes(clean)
+    differ = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    totals.outcomes_differ += len(differ)
+    for k in differ:
+        say(f"round {index}: outcome differs for {k}: faulty {a.get(k)} clean {b.get(k)}")
+    stray = _stray(pids)
+    totals.stray_processes += len(stray)
+    for p in stray:
+        say(f"round {index}: stray process {p.pid} {' '.join(p.cmdline()[:4])}; ending it")
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    totals.rounds += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--short", action="store_true", help="one small round covering every fault (the tests)")
+    mode.add_argument("--minutes", type=float, help="run rounds until this many minutes are spent")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work-dir", type=Path, default=None, help="default: runs/soak-<time>")
+    parser.add_argument("--figures", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="build cache; default: WORK_DIR/cache")
+    args = parser.parse_args(argv)
+
+    work = (args.work_dir or Path("runs") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    cache_dir = (args.cache_dir or work / "cache").resolve()
+    started = time.monotonic()
+    totals = Totals()
+
+    def say(text: str) -> None:
+        print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def report() -> None:
+        for line in totals.lines(time.monotonic() - started):
+            say("  " + line)
+
+    s = Settings()
+    say(f"work dir {work}")
+    if args.short:
+        run_round(0, args.seed, SHORT_SCRIPT, s, work, cache_dir, totals, say)
+    else:
+        end = started + args.minutes * 60
+        index = 0
+        longest = 0.0
+        while time.monotonic() + max(60.0, 1.2 * longest) < end:
+            rng = random.Random(args.seed * 1_000_003 + index)
+            kinds = {task: random_kinds(rng, task, s.turns) for task in TASKS}
+            if index == 0:
+                kinds = SHORT_SCRIPT  # every kind in the first round
+            round_started = time.monotonic()
+            try:
+                run_round(index, args.seed + index, kinds, s, work, cache_dir, totals, say)
+            except Exception as exc:  # a failed round is a finding: say it, count it, go on
+                totals.rounds_failed += 1
+                say(f"round {index} FAILED: {type(exc).__name__}: {exc}")
+            longest = max(longest, time.monotonic() - round_started)
+            say(f"running totals after round {index}:")
+            report()
+            index += 1
+    say("figures:")
+    report()
+    figures = {
+        "rounds": totals.rounds, "rounds_failed": totals.rounds_failed, "trajectories": totals.trajectories, "turns": totals.turns,
+        "faults": dict(totals.faults), "faults_not_survived": totals.faults_not_survived,
+        "worker_kills": totals.worker_kills, "experiment_kills": totals.experiment_kills,
+        "worker_restarts": totals.worker_restarts, "worker_starts": totals.worker_starts,
+        "outside_kills_retried": totals.outside_kills_retried, "llm_retries": totals.llm_retries,
+        "llm_retries_logged": totals.llm_retries_logged, "lost": totals.lost, "duplicated": totals.duplicated,
+        "tables_equal": totals.tables_equal, "tables_differ": totals.tables_differ,
+        "outcomes_differ": totals.outcomes_differ, "stray_processes": totals.stray_processes,
+        "candidates": dict(totals.candidates), "minutes": (time.monotonic() - started) / 60,
+    }
+    (args.figures or work / "figures.json").write_text(json.dumps(figures, indent=2))
+    ok = totals.rounds_failed == 0 and totals.lost == 0 and totals.duplicated == 0 and totals.tables_differ == 0 and totals.tables_equal > 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

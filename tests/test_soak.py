@@ -1,0 +1,83 @@
+"""The soak's short mode: every fault once, nothing lost, nothing duplicated, the same table."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from bench.soak import main
+from bench.soak_server import FAULTS
+
+
+def test_short_soak_survives_every_fault(tmp_path: Path, cache_dir: Path) -> None:
+    figures_path = tmp_path / "figures.json"
+    started = time.monotonic()
+    rc = main(["--short", "--work-dir", str(tmp_path / "soak"), "--figures", str(figures_path), "--cache-dir", str(cache_dir)])
+    elapsed = time.monotonic() - started
+    figures = json.loads(figures_path.read_text())
+    assert rc == 0, figures
+    assert figures["trajectories"] == 6 and figures["turns"] >= 15
+    assert set(figures["faults"]) == set(FAULTS), "every transport fault was injected"
+    assert figures["faults_not_survived"] == 0
+    assert figures["llm_retries"] >= sum(figures["faults"].values()) - 3, "each fault was retried"
+    assert figures["experiment_kills"] == 1 and figures["worker_kills"] >= 1
+    assert figures["worker_restarts"] >= 3, "crash, oob_write and hog each end a worker"
+    assert figures["lost"] == 0
+    assert figures["duplicated"] == 0
+    assert figures["tables_equal"] == 1 and figures["tables_differ"] == 0
+    assert figures["outcomes_differ"] == 0, "every trajectory's turn verdicts match the fault-free run"
+    assert figures["stray_processes"] == 0, "no worker or candidate child outlives its run"
+    assert elapsed < 300
+
+
+def test_a_stale_torch_build_lock_does_not_block_the_next_build(tmp_path: Path) -> None:
+    """A worker SIGKILLed mid-compile leaves torch's `lock` file; the next builder removes it."""
+    from tools.compile_cache import _build_lock
+
+    (tmp_path / "lock").touch()
+    with _build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+
+
+def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
+    """A SIGKILLed experiment leaves no worker behind (one with a hung kernel would spin for an hour)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time\n"
+            "from tools.worker import Worker\n"
+            f"w = Worker(cache_dir={str(tmp_path)!r}, memory_limit_gb=2)\n"
+            "w.start()\n"
+            "print('WORKER', w.pid, flush=True)\n"
+            "time.sleep(600)\n"
+        )],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        line = ""
+        while not line.startswith("WORKER"):
+            line = parent.stdout.readline()
+            assert line, "the parent ended before its worker started"
+        worker_pid = int(line.split()[1])
+        assert psutil.pid_exists(worker_pid)
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(worker_pid, signal.SIGKILL)
+        raise AssertionError("the worker outlived its SIGKILLed parent")
