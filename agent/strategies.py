@@ -132,7 +132,7 @@ def parse_ideas(reply: str, count: int) -> list[str]:
         items = [line.strip() for line in lines]
     ideas: list[str] = []
     for item in items:
-        text = item.strip().strip("*").strip()[:300]
+        text = item.replace("**", "").strip()[:300]  # markdown bold, as small models write it
         if text and text not in ideas:
             ideas.append(text)
     return ideas[:count]

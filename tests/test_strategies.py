@@ -101,6 +101,7 @@ def make_run(cpu_config: EvalConfig, relu_task: TaskProgram, tmp_path: Path, mod
 def test_parse_ideas() -> None:
     assert parse_ideas(IDEAS, 3) == ["plain relu", "leaky slope", "double relu"]
     assert parse_ideas("- **vectorise** \n* unroll\n- vectorise", 5) == ["vectorise", "unroll"]
+    assert parse_ideas("1. **Parallelise**: use OpenMP", 1) == ["Parallelise: use OpenMP"]
     assert parse_ideas("use AVX\n\nfuse loops\n", 1) == ["use AVX"]
     assert parse_ideas("", 3) == []
 
