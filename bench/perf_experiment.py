@@ -26,7 +26,7 @@ from agent.scripted import scripted_model
 from bench.experiment import ExperimentConfig, run_experiment
 from tools.config import EvalConfig
 from tools.jobs import TaskProgram
-from tools.pool import EvaluatorPool
+from tools.pool import EvaluatorPool, cpu_groups
 from traces.store import iter_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,8 @@ def experiment(run_dir: Path, cache: Path, workers: int, samples: int, trials: i
         eval=EvalConfig(trials=trials, warmup=2, correctness_trials=3, time_compiled_reference=False, cache_dir=cache),
     )
     model = scripted_model([fence((SOLUTIONS / "9_bias_tanh_clamp_chain.py").read_text())])
-    with EvaluatorPool(config.eval_config(), workers=workers) as pool:
+    # Each worker gets one core of its own in both runs, so the ratio measures workers, not threads.
+    with EvaluatorPool(config.eval_config(), workers=workers, devices=len(cpu_groups(2))) as pool:
         for slot in pool.slots:  # workers started before the clock runs
             slot.evaluator.worker.start()
         started = time.perf_counter()
