@@ -88,8 +88,27 @@ def fence(code: str) -> str:
     return f"Here is my kernel.\n```python\n{code}```\n"
 
 
+def effective_kind(task: str, kind: str) -> str:
+    # chatty and forker compute ReLU, so they only suit the ReLU task; elsewhere a crash stands in.
+    return "crash" if kind in ("chatty", "forker") and task != "1_relu" else kind
+
+
+def expected_status(task: str, kind: str) -> str:
+    """The verdict the evaluator must give a candidate of this kind, with or without faults."""
+    if kind == "correct":
+        return "incorrect" if task == "2_gelu" else "correct"
+    return EXPECTED_STATUS[effective_kind(task, kind)]
+
+
+EXPECTED_STATUS = {
+    "no_code": "no_code", "garbage": "no_code", "crash": "runtime_error", "spin": "timeout", "hog": "oom",
+    "oob_write": "runtime_error", "chatty": "correct", "forker": "correct",
+}
+
+
 def reply(task: str, kind: str, rng: random.Random) -> str:
     """One scripted reply of the given kind for a task."""
+    kind = effective_kind(task, kind)
     if kind == "no_code":
         return "I would fuse the loops and vectorise them, but I will not write the code yet."
     if kind == "garbage":
@@ -98,8 +117,6 @@ def reply(task: str, kind: str, rng: random.Random) -> str:
     if kind == "correct":
         fn = _CORRECT_FN[task]
         return fence(HEADER + (_CHAIN if fn is None else _PLAIN.format(fn=fn)))
-    if kind in ("chatty", "forker") and task != "1_relu":
-        kind = "crash"  # they compute ReLU, so they only suit the ReLU task
     return fence(HEADER + _PLAIN.format(fn=kind))
 
 
@@ -186,39 +203,47 @@ def outcomes(records: list[TrajectoryRecord]) -> dict[tuple, tuple]:
 @dataclass
 class Totals:
     rounds: int = 0
+    rounds_failed: int = 0
     trajectories: int = 0
     turns: int = 0
     requests: int = 0
     faults: Counter = field(default_factory=Counter)
+    """Transport faults injected by the endpoint, by kind."""
     faults_not_survived: int = 0
+    candidates: Counter = field(default_factory=Counter)
+    """Candidate turns played in the faulty runs, by kind."""
+    candidates_survived: Counter = field(default_factory=Counter)
+    """... whose verdict was the expected one and the fault-free run's."""
     llm_retries: int = 0
     llm_retries_logged: int = 0
     worker_kills: int = 0
+    worker_kills_survived: int = 0
     worker_starts: int = 0
     worker_restarts: int = 0
     outside_kills_retried: int = 0
     experiment_kills: int = 0
-    candidates: Counter = field(default_factory=Counter)
+    experiment_kills_survived: int = 0
     lost: int = 0
     duplicated: int = 0
     tables_equal: int = 0
     tables_differ: int = 0
     outcomes_differ: int = 0
     stray_processes: int = 0
-    rounds_failed: int = 0
 
     def lines(self, elapsed_s: float) -> list[str]:
-        survived = sum(self.faults.values()) - self.faults_not_survived
+        transport = sum(self.faults.values())
+        played = sum(self.candidates.values())
         return [
             f"rounds: {self.rounds} finished, {self.rounds_failed} failed (elapsed {elapsed_s / 60:.1f} min)",
             f"trajectories: {self.trajectories}",
             f"turns: {self.turns}",
-            f"candidates by kind: {dict(sorted(self.candidates.items()))}",
-            f"LLM requests: {self.requests}",
-            f"faults injected by kind: {dict(sorted(self.faults.items()))} (total {sum(self.faults.values())});"
-            f" SIGKILLed workers: {self.worker_kills}; SIGKILLed experiment processes: {self.experiment_kills}",
-            f"faults survived: {survived} of {sum(self.faults.values())} transport faults;"
-            f" {self.worker_kills} of {self.worker_kills} worker kills; {self.experiment_kills} of {self.experiment_kills} experiment kills",
+            f"faults injected by kind: transport {dict(sorted(self.faults.items()))} (total {transport}, in {self.requests} LLM requests);"
+            f" candidates {dict(sorted(self.candidates.items()))}; SIGKILLed workers {self.worker_kills};"
+            f" SIGKILLed experiment processes {self.experiment_kills}",
+            f"faults survived: transport {transport - self.faults_not_survived} of {transport};"
+            f" candidates {sum(self.candidates_survived.values())} of {played} (expected verdict, same as fault-free);"
+            f" worker kills {self.worker_kills_survived} of {self.worker_kills};"
+            f" experiment kills {self.experiment_kills_survived} of {self.experiment_kills}",
             f"worker restarts: {self.worker_restarts} (worker processes started: {self.worker_starts};"
             f" jobs retried after an outside kill: {self.outside_kills_retried})",
             f"retries made: {self.llm_retries} LLM retries seen by the endpoint ({self.llm_retries_logged} logged by the client)",
@@ -228,6 +253,21 @@ class Totals:
             f"final table equal to the fault-free table: {'yes' if self.tables_differ == 0 and self.tables_equal else 'no'}"
             f" ({self.tables_equal} of {self.tables_equal + self.tables_differ} rounds; trajectory outcomes differ in {self.outcomes_differ})",
         ]
+
+    def figures(self, minutes: float) -> dict[str, object]:
+        return {
+            "minutes": minutes, "rounds": self.rounds, "rounds_failed": self.rounds_failed,
+            "trajectories": self.trajectories, "turns": self.turns, "requests": self.requests,
+            "faults": dict(self.faults), "faults_not_survived": self.faults_not_survived,
+            "candidates": dict(self.candidates), "candidates_survived": dict(self.candidates_survived),
+            "worker_kills": self.worker_kills, "worker_kills_survived": self.worker_kills_survived,
+            "experiment_kills": self.experiment_kills, "experiment_kills_survived": self.experiment_kills_survived,
+            "worker_restarts": self.worker_restarts, "worker_starts": self.worker_starts,
+            "outside_kills_retried": self.outside_kills_retried, "llm_retries": self.llm_retries,
+            "llm_retries_logged": self.llm_retries_logged, "lost": self.lost, "duplicated": self.duplicated,
+            "tables_equal": self.tables_equal, "tables_differ": self.tables_differ,
+            "outcomes_differ": self.outcomes_differ, "stray_processes": self.stray_processes,
+        }
 
 
 def refinery(*args: str) -> list[str]:
@@ -271,7 +311,6 @@ class Launch:
     worker_pids: set[int]
     worker_kills: int
     killed: bool
-    stderr: str
 
 
 def supervise(cmd: list[str], run_dir: Path, log_path: Path, rng: random.Random, s: Settings, total: int,
@@ -324,7 +363,7 @@ def supervise(cmd: list[str], run_dir: Path, log_path: Path, rng: random.Random,
             break
         time.sleep(0.3)
     rc = proc.wait()
-    return Launch(rc=None if killed else rc, worker_pids=set(seen), worker_kills=kills, killed=killed, stderr="")
+    return Launch(rc=None if killed else rc, worker_pids=set(seen), worker_kills=kills, killed=killed)
 
 
 def _stray(pids: set[int]) -> list[psutil.Process]:
@@ -361,8 +400,6 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
               totals: Totals, say: Callable[[str], None]) -> None:
     rng = random.Random(seed * 7919 + index)
     script = build_script(kinds, seed)
-    for ks in kinds.values():
-        totals.candidates.update(ks)
     round_dir = work / f"round-{index:03d}"
     round_dir.mkdir(parents=True, exist_ok=True)
     config_toml = experiment_toml(s, "@BASE_URL@", cache_dir)
@@ -380,6 +417,7 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
         cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(faulty_dir))
         pids: set[int] = set()
         launches = 0
+        kills_this_round = 0
         kill_experiment = True
         while True:
             launches += 1
@@ -391,6 +429,7 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
             launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
             pids |= launch.worker_pids
             totals.worker_kills += launch.worker_kills
+            kills_this_round += launch.worker_kills
             if launch.killed:
                 totals.experiment_kills += 1
                 kill_experiment = False
@@ -413,13 +452,16 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     raw = _raw_keys(faulty_dir)
     faulty = read_results(faulty_dir)
     planned = {(item[0].key, *item[1:]) for item in plan(config)}
-    totals.lost += len(planned - set(raw))
-    totals.duplicated += sum(c - 1 for c in raw.values() if c > 1)
+    lost = len(planned - set(raw))
+    duplicated = sum(c - 1 for c in raw.values() if c > 1)
+    totals.lost += lost
+    totals.duplicated += duplicated
     totals.trajectories += len(faulty)
     totals.turns += sum(r.turns for r in faulty)
 
     clean = clean_records(config_toml, script, round_dir / "clean", round_dir / "clean.log", s, deadline)
-    if table(faulty) == table(clean):
+    same_table = table(faulty) == table(clean)
+    if same_table:
         totals.tables_equal += 1
     else:
         totals.tables_differ += 1
@@ -429,6 +471,20 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     totals.outcomes_differ += len(differ)
     for k in differ:
         say(f"round {index}: outcome differs for {k}: faulty {a.get(k)} clean {b.get(k)}")
+    clean_turns = {r.run_key: [st for st, _ in r.per_turn] for r in clean}
+    for r in faulty:
+        name = r.task.rsplit("/", 1)[-1]
+        for turn, (status, _) in enumerate(r.per_turn):
+            kind = effective_kind(name, kinds[name][min(turn, len(kinds[name]) - 1)])
+            totals.candidates[kind] += 1
+            again = clean_turns.get(r.run_key, [])
+            if status == expected_status(name, kind) and turn < len(again) and again[turn] == status:
+                totals.candidates_survived[kind] += 1
+            else:
+                say(f"round {index}: {r.run_key} turn {turn + 1} ({kind}): {status}, expected {expected_status(name, kind)}")
+    if lost == 0 and duplicated == 0 and same_table and not differ:
+        totals.worker_kills_survived += kills_this_round
+        totals.experiment_kills_survived += launches - 1
     stray = _stray(pids)
     totals.stray_processes += len(stray)
     for p in stray:
@@ -489,17 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             index += 1
     say("figures:")
     report()
-    figures = {
-        "rounds": totals.rounds, "rounds_failed": totals.rounds_failed, "trajectories": totals.trajectories, "turns": totals.turns,
-        "faults": dict(totals.faults), "faults_not_survived": totals.faults_not_survived,
-        "worker_kills": totals.worker_kills, "experiment_kills": totals.experiment_kills,
-        "worker_restarts": totals.worker_restarts, "worker_starts": totals.worker_starts,
-        "outside_kills_retried": totals.outside_kills_retried, "llm_retries": totals.llm_retries,
-        "llm_retries_logged": totals.llm_retries_logged, "lost": totals.lost, "duplicated": totals.duplicated,
-        "tables_equal": totals.tables_equal, "tables_differ": totals.tables_differ,
-        "outcomes_differ": totals.outcomes_differ, "stray_processes": totals.stray_processes,
-        "candidates": dict(totals.candidates), "minutes": (time.monotonic() - started) / 60,
-    }
+    figures = totals.figures((time.monotonic() - started) / 60)
     (args.figures or work / "figures.json").write_text(json.dumps(figures, indent=2))
     ok = totals.rounds_failed == 0 and totals.lost == 0 and totals.duplicated == 0 and totals.tables_differ == 0 and totals.tables_equal > 0
     return 0 if ok else 1

@@ -22,6 +22,9 @@ def test_short_soak_survives_every_fault(tmp_path: Path, cache_dir: Path) -> Non
     assert figures["faults_not_survived"] == 0
     assert figures["llm_retries"] >= sum(figures["faults"].values()) - 3, "each fault was retried"
     assert figures["experiment_kills"] == 1 and figures["worker_kills"] >= 1
+    assert figures["experiment_kills_survived"] == 1 and figures["worker_kills_survived"] == figures["worker_kills"]
+    assert set(figures["candidates"]) == {"correct", "no_code", "garbage", "crash", "spin", "hog", "oob_write", "chatty", "forker"}
+    assert figures["candidates_survived"] == figures["candidates"], "every candidate got its expected verdict"
     assert figures["worker_restarts"] >= 3, "crash, oob_write and hog each end a worker"
     assert figures["lost"] == 0
     assert figures["duplicated"] == 0
