@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,13 +53,18 @@ class CompileLedger:
         return sum(self.calls.values())
 
 
-class CountingModule:
-    """A built extension whose functions count their calls; everything else passes through."""
+class CountingModule(types.ModuleType):
+    """A built extension whose functions count their calls; everything else passes through.
+
+    It is a module, and its type is named `module`, so a candidate's mistakes read as they would
+    without the wrapper (e.g. "'module' object is not callable").
+    """
 
     def __init__(self, module: Any, ledger: CompileLedger):
-        self._module = module
-        self._ledger = ledger
-        self._wrapped: dict[str, Any] = {}
+        super().__init__(getattr(module, "__name__", "extension"), getattr(module, "__doc__", None))
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "_ledger", ledger)
+        object.__setattr__(self, "_wrapped", {})
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._module, name)
@@ -79,6 +85,12 @@ class CountingModule:
             counted.__doc__ = getattr(attr, "__doc__", None)
             self._wrapped[name] = counted
         return self._wrapped[name]
+
+    def __dir__(self) -> list[str]:
+        return dir(self._module)
+
+
+CountingModule.__name__ = CountingModule.__qualname__ = "module"
 
 
 def device_arch() -> str:
