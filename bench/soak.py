@@ -146,10 +146,10 @@ class Settings:
     turns: int = 3
     samples: int = 1
     workers: int = 2
-    concurrency: int = 3
+    concurrency: int = 6
     eval_timeout_s: float = 25.0
     llm_timeout_s: float = 5.0
-    stall_s: float = 8.0
+    stall_s: float = 6.5
     fault_rate: float = 0.35
     worker_kill_every_s: tuple[float, float] = (15.0, 40.0)
     round_limit_s: float = 900.0
