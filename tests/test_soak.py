@@ -84,3 +84,18 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
     else:
         os.killpg(worker_pid, signal.SIGKILL)
         raise AssertionError("the worker outlived its SIGKILLed parent")
+
+
+def test_a_reply_with_unicode_line_separators_keeps_its_trace_line(tmp_path: Path) -> None:
+    """The soak's garbage replies hold U+0085 and U+2028, which JSON leaves unescaped; the trace
+    reader split lines on them and the trajectory died at its next turn."""
+    from traces.schema import TrajectoryId, TurnRecord
+    from traces.store import append_turn, read_trace, trace_path
+
+    trajectory = TrajectoryId(task="level1/1_relu", variant="G")
+    for turn in (1, 2, 3):
+        record = TurnRecord(run_id="r", trajectory=trajectory, turn=turn, model="m", messages=(),
+                            reply=f"garbage\x85more\u2028and\x1cmore {turn}", started_at="2026-01-01T00:00:00+00:00")
+        assert append_turn(tmp_path, record)
+    turns = read_trace(trace_path(tmp_path, trajectory))
+    assert [t.turn for t in turns] == [1, 2, 3] and turns[1].reply == "garbage\x85more\u2028and\x1cmore 2"

@@ -43,7 +43,11 @@ def append_turn(run_dir: Path, record: TurnRecord) -> bool:
 def read_trace(path: Path) -> list[TurnRecord]:
     """The turns of one trajectory, in order; a torn last line (a killed writer) is skipped."""
     records: dict[tuple[int, str | None], TurnRecord] = {}
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    # Split on newlines only: str.splitlines() also splits on U+0085, U+2028 and other separators
+    # that JSON leaves unescaped inside strings, so a reply holding one tore its line in two.
+    lines = Path(path).read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
