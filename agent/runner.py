@@ -118,7 +118,9 @@ def run_trajectory(
             _charge(budget, snapshot.values)
         if not started and budget.can_generate():
             graph.invoke({"task": task}, thread, context=ctx)
-        elif snapshot.next:
+        elif snapshot.next or snapshot.tasks:
+            # A kill between a node's saved writes and the next checkpoint leaves `next` empty
+            # with that node's task still listed: the run is not over, and invoke applies the writes.
             graph.invoke(None, thread, context=ctx)
         values = graph.get_state(thread).values
     return TrajectoryResult(
