@@ -23,12 +23,10 @@ from traces.schema import TokenUsage, TrajectoryId
 from traces.store import trace_path
 
 
-@dataclass(frozen=True)
-class TrajectoryResult:
-    trajectory: TrajectoryId
+class AttemptsSummary:
+    """The best attempt, turns and evaluations of anything holding `attempts`."""
+
     attempts: tuple[Attempt, ...]
-    tokens: TokenUsage
-    trace: Path
 
     @property
     def best(self) -> Attempt | None:
@@ -41,6 +39,14 @@ class TrajectoryResult:
     @property
     def evals(self) -> int:
         return evaluations(self.attempts)
+
+
+@dataclass(frozen=True)
+class TrajectoryResult(AttemptsSummary):
+    trajectory: TrajectoryId
+    attempts: tuple[Attempt, ...]
+    tokens: TokenUsage
+    trace: Path
 
 
 def evaluations(attempts: tuple[Attempt, ...] | list[Attempt]) -> int:

@@ -31,9 +31,9 @@ from agent.graph import NODES, ROUTES
 from agent.llm import call_model
 from agent.nodes import AgentContext, turn_record
 from agent.prompting import idea_messages
-from agent.runner import TrajectoryResult, evaluations, run_trajectory
+from agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
 from agent.scripted import TASK_KEY, TURN_KEY
-from agent.state import Attempt, RefineState, TaskSpec, best_attempt
+from agent.state import Attempt, RefineState, TaskSpec
 from tools.evaluator import Evaluator
 from traces.schema import TokenUsage, TrajectoryId
 from traces.store import append_turn, trace_path
@@ -45,7 +45,7 @@ _STATUS_RANK = ["rejected", "compile_error", "timeout", "oom", "cuda_fault", "ru
 
 
 @dataclass(frozen=True)
-class StrategyResult:
+class StrategyResult(AttemptsSummary):
     """What a strategy found on one task: every attempt in evaluation order, and what it cost."""
 
     strategy: str
@@ -53,18 +53,6 @@ class StrategyResult:
     attempts: tuple[Attempt, ...]
     tokens: TokenUsage
     traces: tuple[Path, ...]
-
-    @property
-    def best(self) -> Attempt | None:
-        return best_attempt(list(self.attempts))
-
-    @property
-    def turns(self) -> int:
-        return len(self.attempts)
-
-    @property
-    def evals(self) -> int:
-        return evaluations(self.attempts)
 
     @property
     def trace(self) -> Path:
