@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from agent.budget import Budget
 from agent.config import RunConfig
@@ -77,12 +79,32 @@ def checkpoint_path(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints.sqlite"
 
 
+_wal_lock = threading.Lock()
+_wal_files: set[Path] = set()
+
+
+@retry(
+    retry=retry_if_exception_type(sqlite3.OperationalError),
+    wait=wait_random_exponential(multiplier=0.05, max=2.0),
+    stop=stop_after_delay(60),
+    reraise=True,
+)
+def _switch_to_wal(path: Path) -> None:
+    # Switching the journal mode upgrades a shared lock to an exclusive one, and SQLite answers
+    # "database is locked" at once, without its busy timeout, when another connection holds a lock.
+    with closing(sqlite3.connect(str(path), timeout=60)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+
+
 def open_checkpointer(run_dir: Path) -> SqliteSaver:
-    path = checkpoint_path(run_dir)
+    path = checkpoint_path(run_dir).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    # One connection per trajectory thread; WAL lets parallel trajectories share the file.
+    # WAL lets parallel trajectories share the file; the mode is stored in the file, so set it once.
+    with _wal_lock:
+        if path not in _wal_files:
+            _switch_to_wal(path)
+            _wal_files.add(path)
     conn = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
-    conn.execute("PRAGMA journal_mode=WAL")
     return SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=_state_types()))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ from agent.config import LoopSettings, ModelSettings, RunConfig
 from agent.graph import ROUTES, build_graph
 from agent.llm import build_chat_model
 from agent.nodes import AgentContext
-from agent.runner import run_trajectory
+from agent.runner import checkpoint_path, open_checkpointer, run_trajectory
 from agent.scripted import scripted_model
 from agent.state import Outcome, TaskSpec
 from tools.config import EvalConfig
@@ -180,6 +183,78 @@ def test_interrupted_run_resumes_at_the_turn_in_flight(cpu_config: EvalConfig, e
     assert [r.turn for r in records] == [1, 2, 3]
     assert [r.status for r in records] == ["compile_error", "incorrect", "correct"]
     assert result.best is not None and result.best.turn == 3
+
+
+def test_parallel_trajectories_share_a_fresh_checkpoint_file(tmp_path: Path) -> None:
+    # Switching a new file to WAL from several threads at once failed now and then (about one
+    # run in twenty) with "database is locked": SQLite skips its busy timeout for that upgrade.
+    for attempt in range(100):
+        run_dir = tmp_path / str(attempt)
+        start = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def open_and_write(i: int) -> None:
+            try:
+                start.wait()
+                with closing(open_checkpointer(run_dir).conn) as conn:
+                    conn.execute("CREATE TABLE IF NOT EXISTS marks (thread INTEGER)")
+                    conn.execute("INSERT INTO marks VALUES (?)", (i,))
+                    conn.commit()
+            except sqlite3.Error as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_and_write, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [], f"attempt {attempt}: {errors[0]}"
+        with closing(sqlite3.connect(checkpoint_path(run_dir))) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert conn.execute("SELECT count(*) FROM marks").fetchone()[0] == 8
+
+
+def _cut_checkpoints_after(run_dir: Path, thread_id: str, node: str, turn: int) -> None:
+    """Leave the checkpoint file as a kill would: `node` of `turn` ran and its writes were
+    saved, but the checkpoint that applies them, and all after it, were never written."""
+    with closing(sqlite3.connect(checkpoint_path(run_dir))) as conn:
+        rows = conn.execute(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? ORDER BY checkpoint_id", (thread_id,)
+        ).fetchall()
+        ids = [r[0] for r in rows]
+        with_node = [
+            cid for cid in ids
+            if conn.execute(
+                "SELECT count(*) FROM writes WHERE thread_id = ? AND checkpoint_id = ? AND channel = 'outcome'"
+                " AND task_path LIKE ?", (thread_id, cid, f"%{node}%"),
+            ).fetchone()[0]
+        ]
+        cut = with_node[turn - 1]
+        later = ids[ids.index(cut) + 1:]
+        conn.executemany("DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?", [(thread_id, c) for c in later])
+        conn.executemany("DELETE FROM writes WHERE thread_id = ? AND checkpoint_id = ?", [(thread_id, c) for c in later])
+        conn.commit()
+
+
+def test_kill_between_saved_writes_and_next_checkpoint_resumes(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    config = make_config(cpu_config, "G+E", turns=3)
+    task = TaskSpec(name="relu", source=relu_task.source)
+    trajectory = TrajectoryId(task="relu", variant="G+E")
+    run_trajectory(task, config, scripted_model(SCRIPT), evaluator, tmp_path, trajectory, run_id="r")
+    # Killed just after turn 1's decide: its trace line and its writes are saved, its checkpoint is not.
+    _cut_checkpoints_after(tmp_path, trajectory.slug, "decide", turn=1)
+    trace = tmp_path / "traces" / f"{trajectory.slug}.jsonl"
+    trace.write_text(trace.read_text().split("\n", 1)[0] + "\n")
+    saver = open_checkpointer(tmp_path)
+    with closing(saver.conn):
+        snapshot = build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": trajectory.slug}})
+    assert snapshot.next == () and snapshot.tasks, "the cut must leave LangGraph's 'no next node, task pending' state"
+
+    result = run_trajectory(task, config, scripted_model(SCRIPT), evaluator, tmp_path, trajectory, run_id="r")
+    records = read_trace(result.trace)
+    assert [r.turn for r in records] == [1, 2, 3]
+    assert [r.status for r in records] == ["compile_error", "incorrect", "correct"]
+    assert result.turns == 3 and result.best is not None and result.best.turn == 3
 
 
 def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
