@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -349,6 +350,7 @@ class LocalServer:
         self.log_path = self.cache_dir / f"server-{name}.log"
         self._log_start = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
 
     @property
     def base_url(self) -> str:
@@ -403,7 +405,23 @@ class LocalServer:
             self.stop()
             raise
         log.info("local_server_ready", model=self.name, url=self.base_url, seconds=round(time.monotonic() - started, 1))
+        self._stopping.clear()
+        threading.Thread(target=self._watch, args=(self._proc,), name="local-server-watch", daemon=True).start()
         return self
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Say once, with the cause, when the server dies under a run: the client only sees connection errors."""
+        code = proc.wait()
+        if self._stopping.is_set():
+            return
+        cause = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"code {code}"
+        log.error(
+            "local_server_died", model=self.name, pid=proc.pid, cause=cause, log=str(self.log_path),
+            hint="every model call now fails with a connection error; see the log's end. A SIGSEGV or SIGILL in "
+            "llama.cpp usually means a build for another CPU: reinstall with "
+            "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX2=ON' pip install --no-cache-dir --force-reinstall llama-cpp-python",
+            tail=_tail(self.log_path, self._log_start, limit=600),
+        )
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
@@ -434,6 +452,7 @@ class LocalServer:
         return self._proc.wait()
 
     def stop(self, grace_s: float = 10.0) -> None:
+        self._stopping.set()
         proc, self._proc = self._proc, None
         if proc is None:
             return

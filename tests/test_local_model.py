@@ -252,6 +252,27 @@ def test_server_that_dies_reports_its_log(tmp_path: Path, monkeypatch: pytest.Mo
     assert "Log " in str(raised.value) and "llama_cpp.server" in str(raised.value)
 
 
+def test_a_server_that_dies_mid_run_is_reported_with_its_signal(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from structlog.testing import capture_logs
+
+    server = LocalServer("local", cache_dir=tmp_path)
+    server.log_path.write_text("llama_decode: ...\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    with capture_logs() as logs:
+        server._watch(proc)
+    (event,) = [e for e in logs if e["event"] == "local_server_died"]
+    assert event["cause"] == "signal SIGSEGV" and "llama_decode" in event["tail"] and "GGML_NATIVE=OFF" in event["hint"]
+
+    server._stopping.set()  # a stop we asked for is not news
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    with capture_logs() as logs:
+        server._watch(proc)
+    assert [e for e in logs if e["event"] == "local_server_died"] == []
+
+
 @pytest.mark.local_model
 def test_real_model_smoke() -> None:
     if reason := _local_extra_missing():
