@@ -19,12 +19,14 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,7 +211,10 @@ class Totals:
     requests: int = 0
     faults: Counter = field(default_factory=Counter)
     """Transport faults injected by the endpoint, by kind."""
-    faults_not_survived: int = 0
+    faults_survived: Counter = field(default_factory=Counter)
+    """... in rounds where every invariant held (nothing lost or duplicated, the same table)."""
+    failures: Counter = field(default_factory=Counter)
+    """Failed rounds, by what failed: the phase and the exception the log ends with."""
     candidates: Counter = field(default_factory=Counter)
     """Candidate turns played in the faulty runs, by kind."""
     candidates_survived: Counter = field(default_factory=Counter)
@@ -234,13 +239,14 @@ class Totals:
         transport = sum(self.faults.values())
         played = sum(self.candidates.values())
         return [
-            f"rounds: {self.rounds} finished, {self.rounds_failed} failed (elapsed {elapsed_s / 60:.1f} min)",
+            f"rounds: {self.rounds} finished, {self.rounds_failed} failed (elapsed {elapsed_s / 60:.1f} min)"
+            + (f"; failed rounds by cause: {dict(self.failures)}" if self.failures else ""),
             f"trajectories: {self.trajectories}",
             f"turns: {self.turns}",
             f"faults injected by kind: transport {dict(sorted(self.faults.items()))} (total {transport}, in {self.requests} LLM requests);"
             f" candidates {dict(sorted(self.candidates.items()))}; SIGKILLed workers {self.worker_kills};"
             f" SIGKILLed experiment processes {self.experiment_kills}",
-            f"faults survived: transport {transport - self.faults_not_survived} of {transport};"
+            f"faults survived: transport {sum(self.faults_survived.values())} of {transport};"
             f" candidates {sum(self.candidates_survived.values())} of {played} (expected verdict, same as fault-free);"
             f" worker kills {self.worker_kills_survived} of {self.worker_kills};"
             f" experiment kills {self.experiment_kills_survived} of {self.experiment_kills}",
@@ -258,7 +264,9 @@ class Totals:
         return {
             "minutes": minutes, "rounds": self.rounds, "rounds_failed": self.rounds_failed,
             "trajectories": self.trajectories, "turns": self.turns, "requests": self.requests,
-            "faults": dict(self.faults), "faults_not_survived": self.faults_not_survived,
+            "faults": dict(self.faults), "faults_survived": dict(self.faults_survived),
+            "faults_not_survived": sum(self.faults.values()) - sum(self.faults_survived.values()),
+            "failures": dict(self.failures),
             "candidates": dict(self.candidates), "candidates_survived": dict(self.candidates_survived),
             "worker_kills": self.worker_kills, "worker_kills_survived": self.worker_kills_survived,
             "experiment_kills": self.experiment_kills, "experiment_kills_survived": self.experiment_kills_survived,
@@ -379,6 +387,25 @@ def _stray(pids: set[int]) -> list[psutil.Process]:
     return left
 
 
+class RoundFailed(Exception):
+    """A round that could not finish; `cause` names the phase and the error, for the figures."""
+
+    def __init__(self, cause: str, detail: str = "") -> None:
+        super().__init__(f"{cause}\n{detail}" if detail else cause)
+        self.cause = cause
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit|Interrupt|Failed)):?[ \t]*(.*)$", re.M)
+
+
+def _cause(phase: str, log_path: Path) -> RoundFailed:
+    """The failure of a run, named by the last exception its log shows (or its absence)."""
+    tail = log_path.read_text(errors="replace")[-6000:] if log_path.exists() else ""
+    found = _ERROR_LINE.findall(tail)
+    error = f"{found[-1][0]}: {found[-1][1][:100]}" if found else "no exception in its log"
+    return RoundFailed(f"{phase}: {error}", f"see {log_path}; its output ends:\n{tail[-2500:]}")
+
+
 def clean_records(config_toml: str, script: dict[str, list[str]], run_dir: Path, log_path: Path, s: Settings,
                   deadline: float) -> list[TrajectoryRecord]:
     """The same script through a fault-free endpoint, uninterrupted."""
@@ -392,7 +419,7 @@ def clean_records(config_toml: str, script: dict[str, list[str]], run_dir: Path,
             proc = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=subprocess.STDOUT,
                                   timeout=max(10.0, deadline - time.monotonic()))
         if proc.returncode != 0:
-            raise RuntimeError(f"the fault-free run failed (exit {proc.returncode}); see {log_path}")
+            raise _cause(f"fault-free run exited {proc.returncode}", log_path)
     return read_results(run_dir)
 
 
@@ -409,43 +436,54 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     faulty_dir = round_dir / "faulty"
     log_path = round_dir / "faulty.log"
     say(f"round {index}: seed {seed}, script {kinds}")
-    with serve(script, fault_plan, server_log) as url:
-        config_path = round_dir / "faulty.toml"
-        config_path.write_text(config_toml.replace("@BASE_URL@", url))
-        config = ExperimentConfig.from_toml(config_path)
-        total = len(plan(config))
-        cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(faulty_dir))
+    # The fault-free run goes alongside: the faulty one mostly waits (back-off, stalls, timeouts,
+    # restarts), and the scripted candidates are far from 1x, so sharing the cores changes no verdict.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        clean_future = pool.submit(clean_records, config_toml, script, round_dir / "clean", round_dir / "clean.log", s, deadline)
         pids: set[int] = set()
         launches = 0
         kills_this_round = 0
-        kill_experiment = True
-        while True:
-            launches += 1
-            def beat(kills: int) -> None:
-                say(f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
-                    f"{server_log.requests} LLM requests, faults {dict(server_log.faults)}, "
-                    f"{totals.worker_kills + kills} workers SIGKILLed so far")
+        with serve(script, fault_plan, server_log) as url:
+            config_path = round_dir / "faulty.toml"
+            config_path.write_text(config_toml.replace("@BASE_URL@", url))
+            config = ExperimentConfig.from_toml(config_path)
+            total = len(plan(config))
+            cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(faulty_dir))
+            kill_experiment = True
+            try:
+                while True:
+                    launches += 1
 
-            launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
-            pids |= launch.worker_pids
-            totals.worker_kills += launch.worker_kills
-            kills_this_round += launch.worker_kills
-            if launch.killed:
-                totals.experiment_kills += 1
-                kill_experiment = False
-                say(f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} trajectories done; restarting")
-                continue
-            if launch.rc != 0:
-                totals.faults_not_survived += 1
-                tail = log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the experiment failed (exit {launch.rc}) under faults; its output ends:\n{tail}")
-            break
+                    def beat(kills: int) -> None:
+                        say(f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
+                            f"{server_log.requests} LLM requests, faults {dict(server_log.faults)}, "
+                            f"{totals.worker_kills + kills} workers SIGKILLed so far")
+
+                    try:
+                        launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
+                    except TimeoutError as exc:
+                        raise RoundFailed("experiment under faults: past the round's limit", str(exc)) from exc
+                    pids |= launch.worker_pids
+                    totals.worker_kills += launch.worker_kills
+                    kills_this_round += launch.worker_kills
+                    if launch.killed:
+                        totals.experiment_kills += 1
+                        kill_experiment = False
+                        say(f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} "
+                            "trajectories done; restarting")
+                        continue
+                    if launch.rc != 0:
+                        raise _cause(f"experiment under faults exited {launch.rc}", log_path)
+                    break
+            finally:
+                # Faults injected count whatever became of the round.
+                totals.requests += server_log.requests
+                totals.faults.update(server_log.faults)
+                totals.llm_retries += server_log.retries
+        clean = clean_future.result()
     text = log_path.read_text(errors="replace")
     totals.llm_retries_logged += text.count("llm_retry")
     totals.outside_kills_retried += text.count("worker_killed_retrying")
-    totals.requests += server_log.requests
-    totals.faults.update(server_log.faults)
-    totals.llm_retries += server_log.retries
     totals.worker_starts += len(pids)
     totals.worker_restarts += max(0, len(pids) - s.workers * launches)
 
@@ -459,7 +497,6 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     totals.trajectories += len(faulty)
     totals.turns += sum(r.turns for r in faulty)
 
-    clean = clean_records(config_toml, script, round_dir / "clean", round_dir / "clean.log", s, deadline)
     same_table = table(faulty) == table(clean)
     if same_table:
         totals.tables_equal += 1
@@ -483,6 +520,7 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
             else:
                 say(f"round {index}: {r.run_key} turn {turn + 1} ({kind}): {status}, expected {expected_status(name, kind)}")
     if lost == 0 and duplicated == 0 and same_table and not differ:
+        totals.faults_survived.update(server_log.faults)
         totals.worker_kills_survived += kills_this_round
         totals.experiment_kills_survived += launches - 1
     stray = _stray(pids)
@@ -522,24 +560,29 @@ def main(argv: list[str] | None = None) -> int:
 
     s = Settings()
     say(f"work dir {work}")
+
+    def play(index: int, seed: int, kinds: dict[str, list[str]]) -> None:
+        try:
+            run_round(index, seed, kinds, s, work, cache_dir, totals, say)
+        except RoundFailed as exc:  # a failed round is a finding: say it, charge it to its cause, go on
+            totals.rounds_failed += 1
+            totals.failures[exc.cause] += 1
+            say(f"round {index} FAILED: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the soak's own fault, still a finding
+            totals.rounds_failed += 1
+            totals.failures[f"soak: {type(exc).__name__}: {exc}"[:160]] += 1
+            say(f"round {index} FAILED in the soak itself: {type(exc).__name__}: {exc}")
+
     if args.short:
-        run_round(0, args.seed, SHORT_SCRIPT, s, work, cache_dir, totals, say)
+        play(0, args.seed, SHORT_SCRIPT)
     else:
         end = started + args.minutes * 60
         index = 0
-        longest = 0.0
-        while time.monotonic() + max(60.0, 1.2 * longest) < end:
+        # Rounds start until the time is spent, so the soak lasts at least --minutes.
+        while time.monotonic() < end:
             rng = random.Random(args.seed * 1_000_003 + index)
             kinds = {task: random_kinds(rng, task, s.turns) for task in TASKS}
-            if index == 0:
-                kinds = SHORT_SCRIPT  # every kind in the first round
-            round_started = time.monotonic()
-            try:
-                run_round(index, args.seed + index, kinds, s, work, cache_dir, totals, say)
-            except Exception as exc:  # a failed round is a finding: say it, count it, go on
-                totals.rounds_failed += 1
-                say(f"round {index} FAILED: {type(exc).__name__}: {exc}")
-            longest = max(longest, time.monotonic() - round_started)
+            play(index, args.seed + index, SHORT_SCRIPT if index == 0 else kinds)  # every kind in round 0
             say(f"running totals after round {index}:")
             report()
             index += 1
