@@ -5,10 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # CPU machines get the CPU build of torch that lies on disk; a bare `torch` would pull several GB of CUDA.
 TORCH_CPU := torch==2.13.0
-# llama.cpp compiles from source. -march=native (its default) builds in AMX kernels that crash with
-# SIGSEGV where the CPU reports AMX but the VM does not grant it (seen here), and binds the build to
-# one CPU; AVX2 runs on any x86-64 of the last decade and costs little for a 1.5B model.
-LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# llama.cpp compiles from source for this CPU (-march=native) but without AMX: its AMX kernels crash
+# with SIGSEGV on Q4_K models (llama.cpp issue 20824; seen here on a VM whose CPU has AMX).
+ifeq ($(shell uname -m),x86_64)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE := -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)"
+endif
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-gpu demo lint clean
@@ -23,7 +25,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
-	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/python -m pip install -q -e '.[test,local]'
+	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,local]'
 	$(BIN)/python -m agent.local_model prepare
 	touch $(STAMP)
 

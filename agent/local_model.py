@@ -418,8 +418,9 @@ class LocalServer:
         log.error(
             "local_server_died", model=self.name, pid=proc.pid, cause=cause, log=str(self.log_path),
             hint="every model call now fails with a connection error; see the log's end. A SIGSEGV or SIGILL in "
-            "llama.cpp usually means a build for another CPU: reinstall with "
-            "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX2=ON' pip install --no-cache-dir --force-reinstall llama-cpp-python",
+            "llama.cpp usually means AMX kernels (llama.cpp issue 20824) or a build for another CPU: rebuild with "
+            "CMAKE_ARGS='-DCMAKE_C_FLAGS=\"-mno-amx-tile -mno-amx-int8\" -DCMAKE_CXX_FLAGS=\"-mno-amx-tile -mno-amx-int8\"' "
+            "pip install --no-cache-dir --force-reinstall llama-cpp-python",
             tail=_tail(self.log_path, self._log_start, limit=600),
         )
 
