@@ -27,9 +27,12 @@ def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
     status = result.status
     if status is EvalStatus.COMPILE_ERROR:
         log = result.compile.log if result.compile is not None and result.compile.log else result.message
-        return prompts.render("feedback/compile_error.j2", log=log.strip())
+        return prompts.render("feedback/compile_error.j2", log=log.strip(), hints=prompts.hints_for(log))
     if status in _RUN_FAILURES:
-        return prompts.render("feedback/runtime_error.j2", status=status.value, message=result.message.strip(), printed=result.worker_log.strip()[-1500:])
+        return prompts.render(
+            "feedback/runtime_error.j2", status=status.value, message=result.message.strip(),
+            printed=result.worker_log.strip()[-1500:], hints=prompts.hints_for(result.message),
+        )
     if status is EvalStatus.INCORRECT:
         summary = result.correctness.summary() if result.correctness is not None else result.message
         return prompts.render("feedback/incorrect.j2", summary=summary)

@@ -5,6 +5,7 @@ Templates render with StrictUndefined: a missing variable is an error, never sil
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -59,3 +60,14 @@ def backend(name: str) -> BackendPrompt:
         example_reference=(ROOT / entry["example_reference"]).read_text().strip(),
         example_solution=(ROOT / entry["example_solution"]).read_text().strip(),
     )
+
+
+@cache
+def _hints() -> tuple[tuple[re.Pattern[str], str], ...]:
+    table = tomllib.loads((ROOT / "hints.toml").read_text())
+    return tuple((re.compile(h["pattern"]), h["text"]) for h in table.get("hint", []))
+
+
+def hints_for(text: str) -> list[str]:
+    """The explanations in prompts/hints.toml whose pattern occurs in an error text."""
+    return [hint for pattern, hint in _hints() if pattern.search(text)]
