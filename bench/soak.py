@@ -26,7 +26,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -436,51 +435,49 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     faulty_dir = round_dir / "faulty"
     log_path = round_dir / "faulty.log"
     say(f"round {index}: seed {seed}, script {kinds}")
-    # The fault-free run goes alongside: the faulty one mostly waits (back-off, stalls, timeouts,
-    # restarts), and the scripted candidates are far from 1x, so sharing the cores changes no verdict.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        clean_future = pool.submit(clean_records, config_toml, script, round_dir / "clean", round_dir / "clean.log", s, deadline)
-        pids: set[int] = set()
-        launches = 0
-        kills_this_round = 0
-        with serve(script, fault_plan, server_log) as url:
-            config_path = round_dir / "faulty.toml"
-            config_path.write_text(config_toml.replace("@BASE_URL@", url))
-            config = ExperimentConfig.from_toml(config_path)
-            total = len(plan(config))
-            cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(faulty_dir))
-            kill_experiment = True
-            try:
-                while True:
-                    launches += 1
+    pids: set[int] = set()
+    launches = 0
+    kills_this_round = 0
+    with serve(script, fault_plan, server_log) as url:
+        config_path = round_dir / "faulty.toml"
+        config_path.write_text(config_toml.replace("@BASE_URL@", url))
+        config = ExperimentConfig.from_toml(config_path)
+        total = len(plan(config))
+        cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(faulty_dir))
+        kill_experiment = True
+        try:
+            while True:
+                launches += 1
 
-                    def beat(kills: int) -> None:
-                        say(f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
-                            f"{server_log.requests} LLM requests, faults {dict(server_log.faults)}, "
-                            f"{totals.worker_kills + kills} workers SIGKILLed so far")
+                def beat(kills: int) -> None:
+                    say(f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
+                        f"{server_log.requests} LLM requests, faults {dict(server_log.faults)}, "
+                        f"{totals.worker_kills + kills} workers SIGKILLed so far")
 
-                    try:
-                        launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
-                    except TimeoutError as exc:
-                        raise RoundFailed("experiment under faults: past the round's limit", str(exc)) from exc
-                    pids |= launch.worker_pids
-                    totals.worker_kills += launch.worker_kills
-                    kills_this_round += launch.worker_kills
-                    if launch.killed:
-                        totals.experiment_kills += 1
-                        kill_experiment = False
-                        say(f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} "
-                            "trajectories done; restarting")
-                        continue
-                    if launch.rc != 0:
-                        raise _cause(f"experiment under faults exited {launch.rc}", log_path)
-                    break
-            finally:
-                # Faults injected count whatever became of the round.
-                totals.requests += server_log.requests
-                totals.faults.update(server_log.faults)
-                totals.llm_retries += server_log.retries
-        clean = clean_future.result()
+                try:
+                    launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
+                except TimeoutError as exc:
+                    raise RoundFailed("experiment under faults: past the round's limit", str(exc)) from exc
+                pids |= launch.worker_pids
+                totals.worker_kills += launch.worker_kills
+                kills_this_round += launch.worker_kills
+                if launch.killed:
+                    totals.experiment_kills += 1
+                    kill_experiment = False
+                    say(f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} "
+                        "trajectories done; restarting")
+                    continue
+                if launch.rc != 0:
+                    raise _cause(f"experiment under faults exited {launch.rc}", log_path)
+                break
+        finally:
+            # Faults injected count whatever became of the round.
+            totals.requests += server_log.requests
+            totals.faults.update(server_log.faults)
+            totals.llm_retries += server_log.retries
+    # The fault-free run comes after, never alongside: two runs sharing the cores changed timed
+    # verdicts (a 7.6x kernel measured 0.78x next to a spinning candidate on its core).
+    clean = clean_records(config_toml, script, round_dir / "clean", round_dir / "clean.log", s, deadline)
     text = log_path.read_text(errors="replace")
     totals.llm_retries_logged += text.count("llm_retry")
     totals.outside_kills_retried += text.count("worker_killed_retrying")
