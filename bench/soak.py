@@ -164,7 +164,7 @@ tasks = "{TASK_FILTER}"
 variants = ["G", "G+E"]
 turns = {s.turns}
 samples = {s.samples}
-target_speedup = 1.0
+target_speedup = 1e9  # never met: every trajectory plays its whole script, whatever the timings
 workers = {s.workers}
 concurrency = {s.concurrency}
 hardware_prompt = false
@@ -190,15 +190,17 @@ cache_dir = "{cache_dir}"
 
 
 def table(records: list[TrajectoryRecord]) -> list[tuple]:
-    """The parts of the report the scripted outcomes fix; candidates are clearly fast or slow."""
+    """The parts of the report the scripted outcomes fix. Speedups are measurements, not outcomes:
+    the soak's fused kernel measured 0.86x to 1.9x from round to round on 2 busy cores, so fast_1
+    is left out (fast_0 only asks for a correct, timed kernel)."""
     from bench.report import score
 
-    return [(s.level, s.variant, s.tasks, s.correct, s.compiled, s.fast_p["0"], s.fast_p["1"]) for s in score(records)]
+    return [(s.level, s.variant, s.tasks, s.correct, s.compiled, s.fast_p["0"]) for s in score(records)]
 
 
 def outcomes(records: list[TrajectoryRecord]) -> dict[tuple, tuple]:
-    """Each trajectory's turn statuses, and whether its best was faster than the reference."""
-    return {r.run_key: (tuple(s for s, _ in r.per_turn), r.best_status, (r.best_speedup or 0) > 1) for r in records}
+    """Each trajectory's turn statuses and best status."""
+    return {r.run_key: (tuple(s for s, _ in r.per_turn), r.best_status) for r in records}
 
 
 @dataclass
