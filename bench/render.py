@@ -6,29 +6,25 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from tools.results import EvalResult, EvalStatus
+from tools.results import EvalResult, EvalStatus, TimingReport
+from traces.terminal import STATUS_STYLE, badge
 
 if TYPE_CHECKING:
     from agent.runner import TrajectoryResult
     from agent.strategies import StrategyResult
     from agent.state import Attempt
 
-STATUS_STYLE = {
-    "correct": "green",
-    "incorrect": "yellow",
-    "compile_error": "red",
-    "runtime_error": "red",
-    "cuda_fault": "red",
-    "timeout": "magenta",
-    "oom": "magenta",
-    "rejected": "bright_red",
-    "no_code": "dim",
-}
+__all__ = ["STATUS_STYLE", "badge", "print_result", "print_trajectory_end", "speedup_text", "turn_line"]
 
 
-def badge(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+def speedup_text(timing: TimingReport) -> str:
+    """`1.23x`, with the evaluator's 95% interval when the result carries one (older ones do not)."""
+    interval = getattr(timing, "speedup_ci95", None)
+    if interval:
+        return f"{timing.speedup:.2f}x (95% interval {interval[0]:.2f}–{interval[1]:.2f}x)"
+    return f"{timing.speedup:.2f}x"
 
 
 def print_result(console: Console, name: str, result: EvalResult) -> None:
@@ -47,7 +43,7 @@ def print_result(console: Console, name: str, result: EvalResult) -> None:
         if t.reference_compiled is not None:
             table.add_row("torch.compile", f"{t.reference_compiled.median:.4f} ms median")
         flag = " [yellow](re-verified)[/]" if t.suspicious else ""
-        table.add_row("speedup", f"[bold]{t.speedup:.2f}x[/]{flag}")
+        table.add_row("speedup", f"[bold]{speedup_text(t)}[/]{flag}")
     if result.static is not None and result.static.warnings:
         table.add_row("warnings", "\n".join(result.static.warnings))
     console.print(table)
@@ -57,15 +53,23 @@ def print_result(console: Console, name: str, result: EvalResult) -> None:
         console.print(result.profile.table, markup=False, highlight=False)
 
 
-def turn_line(attempt: Attempt, turns: int) -> str:
+def turn_line(attempt: Attempt, turns: int) -> Text:
+    """One turn as it happens: the fixed-width part first, so at 80 columns only the detail wraps."""
     status = "no_code" if attempt.code is None else (attempt.result.status.value if attempt.result and attempt.result.status else "?")
     detail = ""
     if attempt.result is not None:
-        detail = attempt.result.headline().split(":", 1)[-1].strip()[:100]
+        detail = attempt.result.headline().split(":", 1)[-1].strip()[:160]
+        timing = attempt.result.timing
+        interval = getattr(timing, "speedup_ci95", None) if timing is not None else None
+        if interval:
+            detail += f" [95% {interval[0]:.2f}–{interval[1]:.2f}x]"
     elif attempt.extract_error:
         detail = attempt.extract_error
     seconds = sum(attempt.phase_seconds.values())
-    return f"  turn {attempt.turn}/{turns}  {badge(status):<28} {detail}  [dim]({seconds:.0f} s, {attempt.tokens.total} tok)[/]"
+    return Text.assemble(
+        f"  turn {attempt.turn}/{turns}  ", (f"{status:<13}", STATUS_STYLE.get(status, "white")),
+        (f" {seconds:4.0f} s {attempt.tokens.total:6d} tok  ", "dim"), detail,
+    )
 
 
 def print_trajectory_end(console: Console, result: TrajectoryResult | StrategyResult) -> None:
@@ -74,6 +78,8 @@ def print_trajectory_end(console: Console, result: TrajectoryResult | StrategyRe
     if best is None:
         console.print(f"[bold]no correct kernel[/] in {result.turns} turns ({cost})")
     else:
-        console.print(f"[bold green]best: turn {best.turn}, speedup {best.speedup:.2f}x[/] ({cost})")
+        interval = getattr(best.result.timing, "speedup_ci95", None) if best.result is not None and best.result.timing else None
+        shown = f"{best.speedup:.2f}x" + (f" (95% interval {interval[0]:.2f}–{interval[1]:.2f}x)" if interval else "")
+        console.print(f"[bold green]best: turn {best.turn}, speedup {shown}[/] ({cost})")
     traces = getattr(result, "traces", (result.trace,))
-    console.print("trace: " + ", ".join(str(p) for p in traces))
+    console.print("trace: " + ", ".join(str(p) for p in traces), highlight=False)

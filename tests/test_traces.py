@@ -125,12 +125,12 @@ def test_list_filters_by_status_and_variant(run_dir: Path) -> None:
 
 def test_list_errors_name_what_exists(run_dir: Path, tmp_path: Path) -> None:
     unknown_variant = cli("list", run_dir, "--variant", "G+E+P+N")
-    assert unknown_variant.exit_code == 1
+    assert unknown_variant.exit_code == 2
     assert "'G+E+P+N'" in unknown_variant.output and "variants: G+E, G+E+P" in unknown_variant.output
     unknown_status = cli("list", run_dir, "--status", "fast")
-    assert unknown_status.exit_code == 1 and "compile_error" in unknown_status.output
+    assert unknown_status.exit_code == 2 and "compile_error" in unknown_status.output
     not_a_run = cli("list", tmp_path)
-    assert not_a_run.exit_code == 1 and "no traces folder" in not_a_run.output
+    assert not_a_run.exit_code == 2 and "no traces folder" in not_a_run.output
 
 
 def test_list_sorts(run_dir: Path) -> None:
@@ -162,11 +162,11 @@ def test_show_whole_trajectory_and_its_errors(run_dir: Path) -> None:
     assert "reply (no code)" in result.output and "vectorise the loop" in result.output
     assert "top operators by self CPU time" in result.output, "the profile table of the correct turn"
     ambiguous = cli("show", run_dir, "relu")
-    assert ambiguous.exit_code == 1 and "G+E sample 0, G+E+P sample 0" in ambiguous.output and "--variant" in ambiguous.output
+    assert ambiguous.exit_code == 2 and "G+E sample 0, G+E+P sample 0" in ambiguous.output and "--variant" in ambiguous.output
     missing = cli("show", run_dir, "gelu")
-    assert missing.exit_code == 1 and "no task 'gelu'" in missing.output and "level1/relu, level1/small_relu" in missing.output
+    assert missing.exit_code == 2 and "no task 'gelu'" in missing.output and "level1/relu, level1/small_relu" in missing.output
     no_turn = cli("show", run_dir, "small_relu", "--turn", "7")
-    assert no_turn.exit_code == 1 and "no turn 7" in no_turn.output and "turns: 1, 2" in no_turn.output
+    assert no_turn.exit_code == 2 and "no turn 7" in no_turn.output and "turns: 1, 2" in no_turn.output
 
 
 def test_show_raw_prints_the_records(run_dir: Path) -> None:
@@ -192,7 +192,7 @@ def test_diff_shows_code_and_verdict_change(run_dir: Path) -> None:
     assert "-int broken_helper() { return undeclared_identifier; }" in compile_fix
     assert "compile_error → incorrect" in compile_fix
     missing = cli("diff", run_dir, "relu", "--variant", "G+E", "--turns", "3", "9")
-    assert missing.exit_code == 1 and "no turn 9" in missing.output and "turns: 1, 2, 3" in missing.output
+    assert missing.exit_code == 2 and "no turn 9" in missing.output and "turns: 1, 2, 3" in missing.output
 
 
 def test_feedback_is_the_part_about_the_previous_attempt(run_dir: Path) -> None:
@@ -245,7 +245,7 @@ def test_unknown_versions_fail_naming_the_version(tmp_path: Path) -> None:
     traces.mkdir()
     (traces / "future.jsonl").write_text(json.dumps({**current, "schema_version": 99}) + "\n")
     result = cli("list", tmp_path)
-    assert result.exit_code == 1 and "future.jsonl:1" in result.output and "version 99" in result.output
+    assert result.exit_code == 2 and "future.jsonl:1" in result.output and "version 99" in result.output
 
 
 class Dom(HTMLParser):
@@ -369,3 +369,15 @@ def test_report_of_version_0_traces(tmp_path: Path) -> None:
     dom = parse(html)
     assert [t["data-status"] for t in dom.having("details", class_="turn")] == ["compile_error", "correct"]
     assert "1.25x" in html
+
+
+def test_report_shows_the_intervals_of_its_scores(report: Path) -> None:
+    html = report.read_text()
+    dom = parse(html)
+    assert "95% interval" in html and "BCa bootstrap over tasks" in html
+    # Per variant, the correct rate and six fast_p values each carry an interval over the 2 tasks;
+    # G+E+P ran relu only (small_relu counts as a miss), G+E got relu right: 1 of 2 tasks, 0–100%.
+    cells = dom.having("td", class_="fast-p-value", data_p="0")
+    assert len(cells) == 2
+    assert len(dom.having("span", class_="ci")) >= 2 * 7
+    assert "0–100%" in html

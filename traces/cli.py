@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 from rich.rule import Rule
 
+from traces.errors import ConfigError, RunDirError, UserError
+from traces.terminal import print_table
 from traces.inspect import (
     STATUSES,
     SortKey,
-    TraceLookupError,
     Trajectory,
     diff_records,
     diff_view,
@@ -41,17 +42,17 @@ def _console() -> Console:
     return Console()
 
 
-def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False)
-    return typer.Exit(1)
+def _fail(message: str) -> UserError:
+    """A user error; `refinery` prints it on one line and exits 2."""
+    return ConfigError(message)
 
 
 def _load(run_dir: Path) -> list[Trajectory]:
     try:
-        return load_run(run_dir)
-    except (TraceLookupError, ValueError) as exc:
-        # ValueError: a trace line that is not a record, or of an unknown schema version.
-        raise _fail(str(exc)) from None
+        return load_run(run_dir)  # TraceLookupError (no traces there) is a user error already
+    except ValueError as exc:
+        # A trace line that is not a record, or of an unknown schema version.
+        raise RunDirError(str(exc)) from exc
 
 
 @traces_app.command("list")
@@ -60,6 +61,7 @@ def list_command(
     status: Annotated[Optional[str], typer.Option(help=f"only trajectories whose best attempt has this status ({', '.join(STATUSES)})")] = None,
     sort: Annotated[SortKey, typer.Option(help="speedup, turns and tokens sort largest first")] = SortKey.TASK,
     variant: VariantOpt = None,
+    wide: Annotated[bool, typer.Option("--wide", help="also the best speedup's 95% interval and prompt/completion tokens")] = False,
 ) -> None:
     """A table of trajectories: best status and speedup, turns and tokens."""
     trajectories = _load(run_dir)
@@ -74,7 +76,7 @@ def list_command(
         present = ", ".join(sorted({s.best_status for s in summaries}))
         console.print(f"no trajectory matches; best statuses in this run: {present}")
         return
-    console.print(summary_table(shown))
+    print_table(console, summary_table(shown, wide=wide), wide=wide)
 
 
 @traces_app.command("show")
@@ -89,11 +91,8 @@ def show_command(
 ) -> None:
     """Each turn of one trajectory: the feedback the model saw, its code and the verdict."""
     trajectories = _load(run_dir)
-    try:
-        trajectory = one_trajectory(trajectories, task, variant, sample)
-        records = records_at(trajectory, turn) if turn is not None else list(trajectory.records)
-    except TraceLookupError as exc:
-        raise _fail(str(exc)) from None
+    trajectory = one_trajectory(trajectories, task, variant, sample)  # TraceLookupError: a user error
+    records = records_at(trajectory, turn) if turn is not None else list(trajectory.records)
     if raw:
         for record in records:
             sys.stdout.write(record.model_dump_json() + "\n")
@@ -115,11 +114,8 @@ def diff_command(
 ) -> None:
     """The code diff between two turns, and how the verdict and the speedup changed."""
     trajectories = _load(run_dir)
-    try:
-        trajectory = one_trajectory(trajectories, task, variant, sample)
-        before, after = record_at(trajectory, turns[0]), record_at(trajectory, turns[1])
-    except TraceLookupError as exc:
-        raise _fail(str(exc)) from None
+    trajectory = one_trajectory(trajectories, task, variant, sample)  # TraceLookupError: a user error
+    before, after = record_at(trajectory, turns[0]), record_at(trajectory, turns[1])
     console = _console()
     console.print(Rule(trajectory.label))
     console.print(diff_view(diff_records(before, after)))

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.rule import Rule
@@ -21,11 +20,12 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from bench.render import STATUS_STYLE
 from tools.metrics import TaskOutcome
 from tools.results import EvalStatus
+from traces.errors import UserError
 from traces.schema import TokenUsage, TrajectoryId, TurnRecord
 from traces.store import iter_trajectories, traces_dir
+from traces.terminal import STATUS_STYLE, add_name_column, add_number_column, badge_text, compact_table
 
 # How far an attempt got, for picking the best verdict of a trajectory with no correct turn.
 STATUS_RANK: dict[str, int] = {
@@ -43,7 +43,7 @@ STATUS_RANK: dict[str, int] = {
 STATUSES: tuple[str, ...] = tuple(STATUS_RANK)
 
 
-class TraceLookupError(LookupError):
+class TraceLookupError(UserError, LookupError):
     """Something asked for (a run, task, variant, turn) is not in the traces; the message lists what is."""
 
     def __str__(self) -> str:
@@ -91,6 +91,11 @@ class TrajectorySummary:
     @property
     def best_turn(self) -> int | None:
         return self.best.turn if self.best is not None else None
+
+    @property
+    def best_interval(self) -> tuple[float, float] | None:
+        """The evaluator's 95% interval of the best speedup, where its result carries one."""
+        return speedup_interval(self.best) if self.best is not None else None
 
     def outcome(self) -> TaskOutcome:
         """The trajectory's best attempt, in the form tools/metrics.py scores."""
@@ -303,7 +308,9 @@ def verdict_of(record: TurnRecord) -> Verdict:
         details.append(("reference", f"{t.reference.median:.4f} ms median"))
         if t.reference_compiled is not None:
             details.append(("torch.compile", f"{t.reference_compiled.median:.4f} ms median"))
-        details.append(("speedup", f"{t.speedup:.3g}x" + (" (re-verified)" if t.suspicious else "")))
+        interval = speedup_interval(record)
+        shown = f"{t.speedup:.3g}x" + (f" (95% interval {format_interval(interval)})" if interval else "")
+        details.append(("speedup", shown + (" (re-verified)" if t.suspicious else "")))
     log = ""
     if result.status is EvalStatus.COMPILE_ERROR and result.compile is not None and result.compile.log:
         log = result.compile.log
@@ -352,26 +359,47 @@ def format_speedup(speedup: float | None) -> str:
     return "-" if speedup is None else f"{speedup:.3g}x"
 
 
-def _badge(status: str) -> Text:
-    return Text(status, style=STATUS_STYLE.get(status, "white"))
+def speedup_interval(record: TurnRecord) -> tuple[float, float] | None:
+    """The 95% interval of a turn's speedup, from results that carry one (`speedup_ci95`; older ones do not)."""
+    timing = record.result.timing if record.result is not None else None
+    interval = getattr(timing, "speedup_ci95", None) if timing is not None else None
+    if not interval or len(interval) != 2 or record.speedup is None:
+        return None
+    return float(interval[0]), float(interval[1])
 
 
-def summary_table(summaries: Sequence[TrajectorySummary]) -> Table:
-    # Speedup and turn are the best attempt's; no vertical rules, so 80 columns fit.
-    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
-    table.add_column("task", no_wrap=True)
-    table.add_column("variant", no_wrap=True)
-    table.add_column("sample", justify="right")
-    table.add_column("best", no_wrap=True)
-    table.add_column("speedup", justify="right", no_wrap=True)
-    table.add_column("turn", justify="right")
-    table.add_column("turns", justify="right")
-    table.add_column("tokens", justify="right")
+def format_interval(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.3g}–{interval[1]:.3g}x"
+
+
+_badge = badge_text
+
+
+def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) -> Table:
+    """Speedup and turn are the best attempt's. Fits 80 columns: a long task name folds, numbers never
+    do; `wide` adds the best speedup's 95% interval (where the evaluator gave one) and the prompt and
+    completion tokens."""
+    table = compact_table()
+    add_name_column(table, "task")
+    add_number_column(table, "variant", justify="left")
+    add_number_column(table, "sample")
+    add_number_column(table, "best", justify="left")
+    add_number_column(table, "speedup")
+    if wide:
+        add_number_column(table, "95% interval")
+    add_number_column(table, "turn")
+    add_number_column(table, "turns")
+    add_number_column(table, "tokens")
+    if wide:
+        add_number_column(table, "prompt")
+        add_number_column(table, "completion")
     for s in summaries:
         strategy = "" if s.id.strategy == "refine" else f" ({s.id.strategy})"
         table.add_row(
             s.id.task + strategy, s.id.variant, str(s.id.sample), _badge(s.best_status), format_speedup(s.best_speedup),
+            *([format_interval(s.best_interval)] if wide else []),
             "-" if s.best_turn is None else str(s.best_turn), str(s.turns), str(s.tokens.total),
+            *([str(s.tokens.prompt), str(s.tokens.completion)] if wide else []),
         )
     return table
 
