@@ -1,10 +1,11 @@
-"""The paper's tables from results.jsonl: fast_p per level × variant × strategy, rates, geomean,
-tokens, the best speedup against evaluations spent, plots."""
+"""The paper's tables from results.jsonl: fast_p per level × variant × strategy with 95% intervals,
+rates, geomean, tokens, the best speedup against evaluations spent, plots."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -13,6 +14,9 @@ from rich.table import Table
 
 from bench.experiment import TrajectoryRecord, is_correct, read_results
 from tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
+from traces.errors import RunDirError
+from traces.stats import RESAMPLES, SEED, Estimate, geomean_estimate, rate_estimate
+from traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 
@@ -32,6 +36,19 @@ class GroupScores(BaseModel):
     fast_p_at_k: dict[str, dict[str, float]] = {}
     fast1_by_turn: list[float] = []
     strategy: str = "refine"
+    samples: int = 1
+    intervals: dict[str, Estimate] = {}
+    """95% intervals, keyed fast_0 … fast_2, correct, compiled, geomean. Over all samples of each
+    task: with one sample each value equals the field above; with several, it is the mean over them."""
+    fast1_by_turn_intervals: list[Estimate] = []
+
+    def estimates(self) -> dict[str, Estimate]:
+        """The intervals, or the bare values for scores made without them."""
+        if self.intervals:
+            return self.intervals
+        bare = {f"fast_{p}": Estimate(value=v, n=self.tasks) for p, v in self.fast_p.items()}
+        return {**bare, "correct": Estimate(value=self.correct, n=self.tasks), "compiled": Estimate(value=self.compiled, n=self.tasks),
+                "geomean": Estimate(value=self.geomean_speedup)}
 
 
 class StrategyScores(BaseModel):
@@ -48,10 +65,31 @@ class StrategyScores(BaseModel):
     best_by_evals: list[float]
     """Mean over trajectories of the best correct speedup within the first e evaluations (0 before
     any correct kernel), for e = 1, 2, …"""
+    intervals: dict[str, Estimate] = {}
+    """95% intervals over the trajectories (task × variant), keyed like GroupScores.intervals."""
+
+    def estimates(self) -> dict[str, Estimate]:
+        if self.intervals:
+            return self.intervals
+        bare = {f"fast_{p}": Estimate(value=v, n=self.trajectories) for p, v in self.fast_p.items()}
+        return {**bare, "correct": Estimate(value=self.correct, n=self.trajectories), "geomean": Estimate(value=self.geomean_speedup)}
 
 
 def _outcome(record: TrajectoryRecord) -> TaskOutcome:
     return TaskOutcome(task=record.task, correct=is_correct(record), speedup=record.best_speedup, compiled=record.compiled)
+
+
+def _is_fast(record: TrajectoryRecord, p: float) -> bool:
+    return is_correct(record) and record.best_speedup is not None and record.best_speedup > p
+
+
+def unit_estimates(units: list[list[TrajectoryRecord]], total: int | None = None) -> dict[str, Estimate]:
+    """fast_p for every p, correct, compiled and geomean with 95% intervals; a unit is a task's samples."""
+    out = {f"fast_{p:g}": rate_estimate([[_is_fast(r, p) for r in unit] for unit in units], total) for p in P_VALUES}
+    out["correct"] = rate_estimate([[is_correct(r) for r in unit] for unit in units], total)
+    out["compiled"] = rate_estimate([[r.compiled for r in unit] for unit in units], total)
+    out["geomean"] = geomean_estimate([[r.best_speedup for r in unit if is_correct(r) and r.best_speedup] for unit in units])
+    return out
 
 
 def _fast1_by_turn(records: list[TrajectoryRecord], n_tasks: int) -> list[float]:
@@ -64,6 +102,21 @@ def _fast1_by_turn(records: list[TrajectoryRecord], n_tasks: int) -> list[float]
             speeds = [s for status, s in r.per_turn[:k] if status == "correct" and s is not None]
             hits += bool(speeds) and max(speeds) > 1.0
         curve.append(hits / n_tasks if n_tasks else 0.0)
+    return curve
+
+
+def _fast1_by_turn_intervals(records: list[TrajectoryRecord], tasks: list[str]) -> list[Estimate]:
+    """The same curve with a 95% interval at each turn (a task without a record scores 0)."""
+    horizon = max((len(r.per_turn) for r in records), default=0)
+    by_task = {r.task: r for r in records}
+    curve = []
+    for k in range(1, horizon + 1):
+        hits = []
+        for t in tasks:
+            r = by_task.get(t)
+            speeds = [s for status, s in r.per_turn[:k] if status == "correct" and s is not None] if r else []
+            hits.append([bool(speeds) and max(speeds) > 1.0])
+        curve.append(rate_estimate(hits))
     return curve
 
 
@@ -105,6 +158,7 @@ def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
                 mean_evals=sum(r.evaluations for r in group) / len(group),
                 tokens=sum(r.tokens for r in group),
                 best_by_evals=best_by_evals(group, horizon),
+                intervals={k: v for k, v in unit_estimates([[r] for r in group]).items() if k != "compiled"},
             )
         )
     return scores
@@ -136,67 +190,141 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 fast_p_at_k=at_k,
                 fast1_by_turn=_fast1_by_turn(first, len(tasks)),
                 strategy=strategy,
+                samples=samples,
+                intervals=unit_estimates([[r for r in group if r.task == t] for t in tasks]),
+                fast1_by_turn_intervals=_fast1_by_turn_intervals(first, tasks),
             )
         )
     return scores
 
 
-def render_table(scores: list[GroupScores]) -> Table:
-    table = Table(title="fast_p by level and feedback variant (KernelBench definition: correct and speedup > p, over all tasks)")
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _times(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:.3g}"
+
+
+def _interval(e: Estimate, fmt: Callable[[float | None], str]) -> str:
+    """`low–high` in the value's own format, without its unit (the caption gives it)."""
+    if not e.has_interval:
+        return "-"
+    return f"{fmt(e.low).rstrip('%')}–{fmt(e.high).rstrip('%')}"
+
+
+def _tokens(n: int) -> str:
+    if n >= 10_000_000:
+        return f"{n / 1e6:.0f}M"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e3:.1f}k" if n >= 10_000 else str(n)
+
+
+def _cell(e: Estimate, kind: str, wide: bool) -> str:
+    """A score over its interval: two lines in the compact table, one line in the wide one."""
+    fmt = _pct if kind == "rate" else _times
+    head = fmt(e.value) + ("x" if kind == "times" and e.value is not None else "")
+    low_high = _interval(e, fmt)
+    if wide:
+        return head if low_high == "-" else f"{head} [{low_high}]"
+    return f"{head}\n[dim]{low_high}[/]"
+
+
+COMPACT_P = (0.0, 1.0, 2.0)
+
+
+def _caption(samples: int, wide: bool) -> str:
+    over = f" (each task: the share of its {samples} samples)" if samples > 1 else ""
+    where = "[low–high]" if wide else "second line"
+    more = "" if wide else "; --wide: every p, exact tokens"
+    return (
+        f"rates in % of tasks{over}; {where}: 95% interval, BCa bootstrap over tasks "
+        f"({RESAMPLES} resamples, seed {SEED}), '-' under 2 tasks{more}"
+    )
+
+
+def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
+    """fast_p per level × variant (× strategy) with 95% intervals; compact fits 80 columns."""
+    samples = max((s.samples for s in scores), default=1)
+    table = compact_table(
+        title="fast_p by level and feedback variant: share of tasks correct and faster than p times PyTorch",
+        caption=_caption(samples, wide),
+    )
     strategies = len({s.strategy for s in scores}) > 1 or any(s.strategy != "refine" for s in scores)
-    table.add_column("level")
-    table.add_column("variant")
-    if strategies:
-        table.add_column("strategy")
-    table.add_column("tasks", justify="right")
-    for p in P_VALUES:
-        table.add_column(f"fast_{p:g}", justify="right")
+    p_values = P_VALUES if wide else COMPACT_P
+    add_number_column(table, "level", justify="left")
+    add_name_column(table, "variant" + ("\nstrategy" if strategies and not wide else ""))
+    if strategies and wide:
+        add_name_column(table, "strategy")
+    add_number_column(table, "tasks")
+    for p in p_values:
+        add_number_column(table, f"fast_{p:g}")
     for name in ("correct", "compiled", "geomean", "tokens"):
-        table.add_column(name, justify="right")
+        add_number_column(table, name)
     for s in scores:
+        estimates = s.estimates()
+        name = s.variant + (f"\n[dim]{s.strategy}[/]" if strategies and not wide else "")
         table.add_row(
-            str(s.level), s.variant, *([s.strategy] if strategies else []), str(s.tasks), *[f"{s.fast_p[f'{p:g}']:.2f}" for p in P_VALUES],
-            f"{s.correct:.2f}", f"{s.compiled:.2f}", f"{s.geomean_speedup:.2f}x" if s.geomean_speedup else "-", str(s.tokens),
+            str(s.level), name, *([s.strategy] if strategies and wide else []), str(s.tasks),
+            *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
+            _cell(estimates["correct"], "rate", wide), _cell(estimates["compiled"], "rate", wide),
+            _cell(estimates["geomean"], "times", wide), str(s.tokens) if wide else _tokens(s.tokens),
         )
     return table
 
 
-def render_strategies(scores: list[StrategyScores]) -> Table:
-    table = Table(title="strategies: fast_p over every task and variant, cost, and the best speedup after e evaluations")
-    for col in ("strategy", "runs", *[f"fast_{p:g}" for p in P_VALUES], "correct", "geomean", "evals", "tokens"):
-        table.add_column(col, justify="right")
+def render_strategies(scores: list[StrategyScores], wide: bool = False) -> Table:
+    p_values = P_VALUES if wide else COMPACT_P
+    table = compact_table(
+        title="strategies: fast_p over every task and variant (sample 0), and what each spent",
+        caption=_caption(1, wide) + "; evals: mean per run",
+    )
+    add_name_column(table, "strategy")
+    for col in ("runs", *[f"fast_{p:g}" for p in p_values], "correct", "geomean", "evals", "tokens"):
+        add_number_column(table, col)
     for s in scores:
+        estimates = s.estimates()
         table.add_row(
-            s.strategy, str(s.trajectories), *[f"{s.fast_p[f'{p:g}']:.2f}" for p in P_VALUES], f"{s.correct:.2f}",
-            f"{s.geomean_speedup:.2f}x" if s.geomean_speedup else "-", f"{s.mean_evals:.1f}", str(s.tokens),
+            s.strategy, str(s.trajectories), *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
+            _cell(estimates["correct"], "rate", wide), _cell(estimates["geomean"], "times", wide),
+            f"{s.mean_evals:.1f}", str(s.tokens) if wide else _tokens(s.tokens),
         )
     return table
 
 
 def render_by_evals(scores: list[StrategyScores]) -> Table:
+    """One row per evaluation count e, one column per strategy: as many evaluations as there are, in 80 columns."""
     horizon = max((len(s.best_by_evals) for s in scores), default=0)
-    table = Table(title="mean best speedup after e evaluations (0 until a correct kernel)")
-    table.add_column("strategy")
-    for e in range(1, horizon + 1):
-        table.add_column(f"e={e}", justify="right")
+    table = compact_table(title="mean best speedup after e evaluations (0 until a correct kernel)")
+    add_number_column(table, "e")
     for s in scores:
-        table.add_row(s.strategy, *[f"{v:.2f}" for v in s.best_by_evals])
+        add_number_column(table, s.strategy)
+    for e in range(horizon):
+        table.add_row(str(e + 1), *[f"{s.best_by_evals[e]:.2f}" if e < len(s.best_by_evals) else "-" for s in scores])
     return table
 
 
-def render_at_k(scores: list[GroupScores]) -> Table | None:
+def render_at_k(scores: list[GroupScores], wide: bool = False) -> Table | None:
     rows = [(s, k, v) for s in scores for k, v in s.fast_p_at_k.items()]
     if not rows:
         return None
-    table = Table(title="fast_p@k (repeated sampling)")
-    for col in ("level", "variant", "k", *[f"fast_{p:g}@k" for p in P_VALUES]):
-        table.add_column(col, justify="right")
+    p_values = P_VALUES if wide else COMPACT_P
+    table = compact_table(title="fast_p@k (repeated sampling; unbiased pass@k estimator over each task's samples)")
+    add_number_column(table, "level", justify="left")
+    add_name_column(table, "variant")
+    add_number_column(table, "k")
+    for p in p_values:
+        add_number_column(table, f"fast_{p:g}@k")
     for s, k, values in rows:
-        table.add_row(str(s.level), s.variant, k, *[f"{values[f'{p:g}']:.2f}" for p in P_VALUES])
+        table.add_row(str(s.level), s.variant, k, *[_pct(values[f"{p:g}"]) for p in p_values])
     return table
 
 
 def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Path) -> list[Path]:
+    """PNG plots; fast_p and fast_1 carry their 95% intervals as error bars (a band where there are many points)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,10 +333,15 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def line_plot(name: str, series: list[tuple[str, list[float], list[float]]], **labels: object) -> None:
+    def line_plot(name: str, series: list[tuple[str, list[float], list[Estimate]]], **labels: object) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for label, xs, ys in series:
-            ax.plot(xs, ys, marker="o", label=label)
+        for i, (label, xs, estimates) in enumerate(series):
+            # Shift each series a little so the error bars of equal values do not hide each other.
+            shift = (i - (len(series) - 1) / 2) * 0.02 * ((max(xs) - min(xs)) or 1) if len(series) > 1 and xs else 0.0
+            ys = [e.value if e.value is not None else float("nan") for e in estimates]
+            lows = [(e.value - e.low) if e.has_interval and e.value is not None else 0.0 for e in estimates]  # type: ignore[operator]  # has_interval
+            highs = [(e.high - e.value) if e.has_interval and e.value is not None else 0.0 for e in estimates]  # type: ignore[operator]  # has_interval
+            ax.errorbar([x + shift for x in xs], ys, yerr=[lows, highs], marker="o", capsize=3, label=label)
         ax.set(ylim=(-0.02, 1.02), **labels)
         ax.legend()
         ax.grid(alpha=0.3)
@@ -216,15 +349,22 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
         fig.savefig(written[-1], dpi=120, bbox_inches="tight")
         plt.close(fig)
 
+    def label(s: GroupScores) -> str:
+        return f"L{s.level} {s.variant}" + ("" if s.strategy == "refine" else f" {s.strategy}")
+
     line_plot(
         "fast_p.png",
-        [(f"L{s.level} {s.variant}", list(P_VALUES), [s.fast_p[f"{p:g}"] for p in P_VALUES]) for s in scores],
-        xlabel="speedup threshold p", ylabel="fast_p", title="fast_p against p",
+        [(label(s), list(P_VALUES), [s.estimates()[f"fast_{p:g}"] for p in P_VALUES]) for s in scores],
+        xlabel="speedup threshold p", ylabel="fast_p", title="fast_p against p (bars: 95% interval over tasks)",
     )
     line_plot(
         "fast1_by_turn.png",
-        [(f"L{s.level} {s.variant}", list(range(1, len(s.fast1_by_turn) + 1)), s.fast1_by_turn) for s in scores if s.fast1_by_turn],
-        xlabel="turn", ylabel="fast_1", title="fast_1 against refinement turns",
+        [
+            (label(s), list(range(1, len(s.fast1_by_turn) + 1)),
+             s.fast1_by_turn_intervals or [Estimate(value=v) for v in s.fast1_by_turn])
+            for s in scores if s.fast1_by_turn
+        ],
+        xlabel="turn", ylabel="fast_1", title="fast_1 against refinement turns (bars: 95% interval over tasks)",
     )
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -256,25 +396,32 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     return written
 
 
-def report(run_dir: Path, console: Console | None = None, plots: bool = True) -> list[GroupScores]:
+def has_strategies(strategies: list[StrategyScores]) -> bool:
+    return len(strategies) > 1 or any(s.strategy != "refine" for s in strategies)
+
+
+def report(run_dir: Path, console: Console | None = None, plots: bool = True, wide: bool = False) -> list[GroupScores]:
     records = read_results(run_dir)
     if not records:
-        raise FileNotFoundError(f"{run_dir} has no finished trajectories (no results.jsonl); run `refinery experiment` first")
+        raise RunDirError(
+            f"{run_dir} has no finished trajectories (no records in {Path(run_dir) / 'results.jsonl'}); "
+            "run `refinery experiment --run-dir` on it first"
+        )
     scores = score(records)
     strategies = score_strategies(records)
     (Path(run_dir) / "report.json").write_text(json.dumps([s.model_dump() for s in scores], indent=2))
-    if len(strategies) > 1 or any(s.strategy != "refine" for s in strategies):
+    if has_strategies(strategies):
         (Path(run_dir) / "strategies.json").write_text(json.dumps([s.model_dump() for s in strategies], indent=2))
     if console is not None:
-        console.print(render_table(scores))
-        if len(strategies) > 1 or any(s.strategy != "refine" for s in strategies):
-            console.print(render_strategies(strategies))
-            console.print(render_by_evals(strategies))
-        at_k = render_at_k(scores)
+        print_table(console, render_table(scores, wide=wide), wide)
+        if has_strategies(strategies):
+            print_table(console, render_strategies(strategies, wide=wide), wide)
+            print_table(console, render_by_evals(strategies), wide)
+        at_k = render_at_k(scores, wide=wide)
         if at_k is not None:
-            console.print(at_k)
+            print_table(console, at_k, wide)
     if plots:
         for path in plot(scores, records, Path(run_dir) / "plots"):
             if console is not None:
-                console.print(f"plot: {path}")
+                console.print(f"plot: {path}", highlight=False)
     return scores

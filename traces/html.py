@@ -32,6 +32,7 @@ from traces.inspect import (
     diff_base,
     diff_records,
     feedback_of,
+    format_interval,
     format_speedup,
     human_prompt,
     profile_table,
@@ -41,6 +42,7 @@ from traces.inspect import (
     verdict_of,
 )
 from traces.schema import TrajectoryId, TurnRecord
+from traces.stats import METHOD, Estimate, geomean_estimate, rate_estimate
 
 ASSETS = Path(__file__).parent / "assets"
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
@@ -223,6 +225,10 @@ class FastPRow:
     correct: float
     fast: tuple[float, ...]
     geomean: float | None
+    correct_ci: Estimate | None = None
+    fast_ci: tuple[Estimate, ...] = ()
+    geomean_ci: Estimate | None = None
+    """95% intervals over tasks (each task: the share of its samples), as `refinery report` gives them."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,7 @@ class ReportView:
     grid: tuple[GridRow, ...]
     p_values: tuple[float, ...]
     fast_p: tuple[FastPRow, ...]
+    interval_method: str
     trajectories: tuple[TrajectoryView, ...]
     tokens: int
     turns: int
@@ -339,9 +346,21 @@ def fast_p_rows(summaries: Sequence[TrajectorySummary], variants: Sequence[str])
     counts as a failure, as tools/metrics.py scores missing tasks.
     """
     total = len({(s.id.task, s.id.sample) for s in summaries})
+    samples: dict[str, list[int]] = {}
+    for s in summaries:
+        samples.setdefault(s.id.task, [])
+        if s.id.sample not in samples[s.id.task]:
+            samples[s.id.task].append(s.id.sample)
     rows = []
     for variant in variants:
-        outcomes = [s.outcome() for s in summaries if s.id.variant == variant]
+        mine = {(s.id.task, s.id.sample): s.outcome() for s in summaries if s.id.variant == variant}
+        outcomes = list(mine.values())
+        # Per task, its samples of the run in this variant; a missing one is a miss, as in the value.
+        per_task = [[mine.get((task, n)) for n in ns] for task, ns in sorted(samples.items())]
+
+        def rate(hit: Any, per_task: list[list[Any]] = per_task) -> Estimate:
+            return rate_estimate([[o is not None and bool(hit(o)) for o in task] for task in per_task])
+
         rows.append(
             FastPRow(
                 variant=variant,
@@ -350,6 +369,9 @@ def fast_p_rows(summaries: Sequence[TrajectorySummary], variants: Sequence[str])
                 correct=correctness_rate(outcomes, total),
                 fast=tuple(fast_p(outcomes, p, total) for p in P_VALUES),
                 geomean=geomean_speedup(outcomes),
+                correct_ci=rate(lambda o: o.correct),
+                fast_ci=tuple(rate(lambda o, p=p: o.correct and o.speedup is not None and o.speedup > p) for p in P_VALUES),
+                geomean_ci=geomean_estimate([[o.speedup for o in task if o is not None and o.correct and o.speedup] for task in per_task]),
             )
         )
     return tuple(rows)
@@ -367,10 +389,24 @@ def build_report(trajectories: Sequence[Trajectory], title: str) -> ReportView:
         grid=overview_grid(summaries, variants),
         p_values=P_VALUES,
         fast_p=fast_p_rows(summaries, variants),
+        interval_method=METHOD,
         trajectories=views,
         tokens=sum(s.tokens.total for s in summaries),
         turns=sum(s.turns for s in summaries),
     )
+
+
+def _rate_ci(e: Estimate | None) -> str:
+    """`33–100%`, or "" without an interval."""
+    if e is None or not e.has_interval:
+        return ""
+    return f"{100 * e.low:.0f}–{100 * e.high:.0f}%"  # type: ignore[operator]  # has_interval
+
+
+def _times_ci(e: Estimate | None) -> str:
+    if e is None or not e.has_interval:
+        return ""
+    return f"{e.low:.3g}–{e.high:.3g}x"
 
 
 def _environment() -> Environment:
@@ -379,6 +415,9 @@ def _environment() -> Environment:
     )
     env.filters["speedup"] = format_speedup
     env.filters["percent"] = lambda value: f"{100 * value:.0f}%"
+    env.filters["rate_ci"] = _rate_ci
+    env.filters["times_ci"] = _times_ci
+    env.filters["interval"] = format_interval
     return env
 
 

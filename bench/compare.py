@@ -1,0 +1,231 @@
+"""`refinery report --compare A B`: the paired difference of each score between two sides.
+
+A side is a feedback variant or a strategy of one run directory, or a whole run directory. The two
+sides are paired on the tasks both ran (for variants: the same task and strategy; for strategies: the
+same task and variant; for runs: the same task, variant and strategy). Per pair, a rate is the share
+of the pair's samples that hit; the geometric-mean speedup is compared as the ratio B / A over the
+pairs correct on both sides. Each difference has a 95% bootstrap interval over the pairs
+(traces/stats.py), and the report says whether it excludes zero (one, for the ratio).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import Console
+
+from agent.config import Variant
+from bench.experiment import TrajectoryRecord, is_correct, read_results, results_path
+from bench.report import P_VALUES
+from traces.errors import ConfigError, RunDirError
+from traces.stats import METHOD, Estimate, mean_interval, paired_difference, paired_ratio
+from traces.terminal import add_name_column, add_number_column, compact_table, print_table
+
+Key = tuple[str, ...]
+
+
+class Side(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    label: str
+    records: list[TrajectoryRecord]
+
+
+class MetricDifference(BaseModel):
+    """One score on both sides over the paired tasks, and B against A with its interval."""
+
+    model_config = ConfigDict(frozen=True)
+    metric: str
+    kind: str
+    """"rate": a share of tasks, compared as B - A; "ratio": the geomean speedup, compared as B / A."""
+    a: float | None
+    b: float | None
+    difference: Estimate
+    pairs: int
+
+    @property
+    def null(self) -> float:
+        return 0.0 if self.kind == "rate" else 1.0
+
+    @property
+    def excludes_null(self) -> bool:
+        return self.difference.excludes(self.null)
+
+
+class Comparison(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    a: str
+    b: str
+    paired_on: str
+    pairs: int
+    only_a: int
+    only_b: int
+    metrics: list[MetricDifference]
+
+
+def _runs(path: str) -> bool:
+    return results_path(Path(path)).is_file()
+
+
+def _variant(text: str) -> str | None:
+    try:
+        return str(Variant.parse(text))
+    except ValueError:
+        return None
+
+
+def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Callable[[TrajectoryRecord], Key], str]:
+    """The two sides, the pairing key of a record, and what the pairs are made of."""
+    if _runs(a) and _runs(b):
+        sides = [Side(label=x, records=read_results(Path(x))) for x in (a, b)]
+        return sides[0], sides[1], lambda r: (r.task, r.variant, r.strategy), "task, variant and strategy"
+    if run_dir is None:
+        missing = next(x for x in (a, b) if not _runs(x))
+        raise ConfigError(
+            f"--compare {a} {b}: {missing} is not a run directory with results.jsonl; compare two run directories, "
+            "or give RUN_DIR to compare two of its variants or strategies (refinery report RUN_DIR --compare G G+E)"
+        )
+    records = read_results(run_dir)
+    if not records:
+        raise RunDirError(f"{run_dir} has no finished trajectories (no records in {results_path(run_dir)})")
+    variants = sorted({r.variant for r in records})
+    strategies = sorted({r.strategy for r in records})
+    va, vb = _variant(a), _variant(b)
+    if va in variants and vb in variants:
+        return (
+            Side(label=va, records=[r for r in records if r.variant == va]),  # type: ignore[arg-type]  # va is in variants
+            Side(label=vb, records=[r for r in records if r.variant == vb]),  # type: ignore[arg-type]  # vb is in variants
+            lambda r: (r.task, r.strategy), "task and strategy",
+        )
+    if a in strategies and b in strategies:
+        return (
+            Side(label=a, records=[r for r in records if r.strategy == a]),
+            Side(label=b, records=[r for r in records if r.strategy == b]),
+            lambda r: (r.task, r.variant), "task and variant",
+        )
+    unknown = next((x for x in (a, b) if _variant(x) not in variants and x not in strategies), a)
+    raise ConfigError(
+        f"--compare {a} {b}: {unknown!r} is neither a variant ({', '.join(variants)}) nor a strategy "
+        f"({', '.join(strategies)}) of {run_dir}, nor a run directory; both sides must be of one kind"
+    )
+
+
+def _by_key(records: list[TrajectoryRecord], key: Callable[[TrajectoryRecord], Key]) -> dict[Key, list[TrajectoryRecord]]:
+    out: dict[Key, list[TrajectoryRecord]] = defaultdict(list)
+    for r in records:
+        out[key(r)].append(r)
+    return out
+
+
+def _share(records: list[TrajectoryRecord], hit: Callable[[TrajectoryRecord], bool]) -> float:
+    return sum(map(hit, records)) / len(records)
+
+
+def _geomean(records: list[TrajectoryRecord]) -> float | None:
+    speeds = [r.best_speedup for r in records if is_correct(r) and r.best_speedup and r.best_speedup > 0]
+    return math.exp(sum(map(math.log, speeds)) / len(speeds)) if speeds else None
+
+
+def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on: str) -> Comparison:
+    side_a, side_b = _by_key(a.records, key), _by_key(b.records, key)
+    pairs = sorted(set(side_a) & set(side_b))
+    metrics: list[MetricDifference] = []
+
+    def rate(name: str, hit: Callable[[TrajectoryRecord], bool]) -> None:
+        xs = [_share(side_a[k], hit) for k in pairs]
+        ys = [_share(side_b[k], hit) for k in pairs]
+        metrics.append(
+            MetricDifference(
+                metric=name, kind="rate", a=mean_interval(xs).value, b=mean_interval(ys).value,
+                difference=paired_difference(xs, ys), pairs=len(pairs),
+            )
+        )
+
+    for p in P_VALUES:
+        rate(f"fast_{p:g}", lambda r, p=p: is_correct(r) and r.best_speedup is not None and r.best_speedup > p)
+    rate("correct", is_correct)
+    rate("compiled", lambda r: r.compiled)
+    both = [(ga, gb) for k in pairs if (ga := _geomean(side_a[k])) is not None and (gb := _geomean(side_b[k])) is not None]
+    xs, ys = [x for x, _ in both], [y for _, y in both]
+    metrics.append(
+        MetricDifference(
+            metric="geomean", kind="ratio",
+            a=math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None,
+            b=math.exp(sum(map(math.log, ys)) / len(ys)) if ys else None,
+            difference=paired_ratio(xs, ys), pairs=len(both),
+        )
+    )
+    return Comparison(
+        a=a.label, b=b.label, paired_on=paired_on, pairs=len(pairs),
+        only_a=len(set(side_a) - set(side_b)), only_b=len(set(side_b) - set(side_a)), metrics=metrics,
+    )
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _points(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:+.1f}"
+
+
+def _times(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _verdict(m: MetricDifference) -> str:
+    d = m.difference
+    if d.value is None:
+        return "no pairs"
+    if not d.has_interval:
+        return "no interval (under 2 pairs)"
+    if not m.excludes_null:
+        return f"includes {m.null:g}: no difference shown"
+    if m.kind == "rate":
+        return f"excludes 0: B {'higher' if d.value > 0 else 'lower'}"
+    return f"excludes 1: B {'faster' if d.value > 1 else 'slower'}"
+
+
+def render(c: Comparison, console: Console, wide: bool = False) -> None:
+    left_out = f"; left out: {c.only_a} only in A, {c.only_b} only in B" if c.only_a or c.only_b else ""
+    console.print(f"[bold]compare[/] A = {c.a}, B = {c.b}: {c.pairs} pairs (same {c.paired_on}){left_out}", highlight=False)
+    table = compact_table(
+        caption=(
+            "rates in % of paired tasks, B − A in percentage points; geomean over the pairs correct on both "
+            f"sides (n), compared as B / A; 95% interval: {METHOD}"
+        )
+    )
+    add_name_column(table, "metric")
+    for header in ("n", "A", "B", "B − A", "95% interval"):
+        add_number_column(table, header)
+    add_name_column(table, "verdict")
+    for m in c.metrics:
+        d = m.difference
+        if m.kind == "rate":
+            a, b, change = _rate(m.a), _rate(m.b), _points(d.value)
+            low_high = f"[{_points(d.low)}, {_points(d.high)}]" if d.has_interval else "-"
+        else:
+            a, b = _times(m.a), _times(m.b)
+            change = "-" if d.value is None else f"×{d.value:.2f}"
+            low_high = f"[×{d.low:.2f}, ×{d.high:.2f}]" if d.has_interval else "-"
+        table.add_row(m.metric, str(m.pairs), a, b, change, low_high, _verdict(m))
+    print_table(console, table, wide)
+    shown = [m for m in c.metrics if m.excludes_null]
+    if shown:
+        said = "; ".join(
+            f"{m.metric} ({_verdict(m).split(': ', 1)[1]}" + ("; B / A excludes 1)" if m.kind == "ratio" else ")") for m in shown
+        )
+        rest = len(c.metrics) - len(shown)
+        console.print(
+            f"[bold]the 95% interval of B − A excludes zero for:[/] {said}; the other {rest} scores show no difference",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"[bold]no difference excludes zero[/]: over these {c.pairs} pairs no score tells {c.b} from {c.a} "
+            "(more tasks or samples narrow the intervals)",
+            highlight=False,
+        )
