@@ -26,6 +26,7 @@ from tenacity import (
 )
 
 from agent.config import ModelSettings
+from traces.errors import EndpointError
 from traces.schema import TokenUsage
 
 log = structlog.get_logger()
@@ -39,8 +40,37 @@ RETRYABLE = (
 FATAL = (openai.AuthenticationError, openai.PermissionDeniedError, openai.BadRequestError, openai.NotFoundError)
 
 
-class ModelCallError(RuntimeError):
-    """The endpoint refused the request for a reason retrying cannot fix."""
+class ModelCallError(EndpointError, RuntimeError):
+    """The endpoint refused the request for a reason retrying cannot fix, or no key was given."""
+
+
+class ModelUnreachable(ModelCallError):
+    """Every attempt at a call failed with a retryable error (connection, timeout, rate limit, 5xx)."""
+
+    def __init__(self, url: str, attempts: int, error: BaseException):
+        self.url, self.attempts, self.error = url, attempts, error
+        what = {
+            openai.APITimeoutError: "timed out",
+            openai.APIConnectionError: "could not be reached",
+            openai.RateLimitError: "kept answering HTTP 429 (rate limit)",
+            openai.InternalServerError: f"kept failing with HTTP {getattr(error, 'status_code', '5xx')}",
+        }
+        said = next((text for cls, text in what.items() if isinstance(error, cls)), f"failed ({type(error).__name__})")
+        detail = getattr(error, "message", None) or str(error)
+        advice = (
+            "wait and retry, or lower --concurrency" if isinstance(error, openai.RateLimitError)
+            else "check --base-url and that the server is running and reachable from here"
+        )
+        retries = attempts - 1
+        super().__init__(
+            f"the model endpoint {url} {said} ({type(error).__name__}: {detail}) after {attempts} attempt"
+            f"{'s' if attempts != 1 else ''} ({retries} retr{'ies' if retries != 1 else 'y'} with back-off); {advice}"
+        )
+
+
+def endpoint_url(model: BaseChatModel, settings: ModelSettings) -> str:
+    """The base URL a chat model calls (OpenAI's own when none was set)."""
+    return str(getattr(model, "openai_api_base", None) or settings.base_url or "https://api.openai.com/v1")
 
 
 @dataclass
@@ -116,11 +146,15 @@ def call_model(model: BaseChatModel, messages: Sequence[BaseMessage], settings: 
         for attempt in retrying:
             with attempt:
                 message = model.invoke(list(messages), config=config)
+    except RETRYABLE as exc:
+        attempts = retrying.statistics.get("attempt_number", 1)
+        raise ModelUnreachable(endpoint_url(model, settings), attempts, exc) from exc
     except FATAL as exc:
         status = getattr(exc, "status_code", "?")
         raise ModelCallError(
-            f"the model endpoint refused the request (HTTP {status}, {type(exc).__name__}): {exc.message if hasattr(exc, 'message') else exc}. "
-            "Check the model name, --base-url and the API key variable; retrying will not help."
+            f"the model endpoint {endpoint_url(model, settings)} refused the request (HTTP {status}, {type(exc).__name__}): "
+            f"{exc.message if hasattr(exc, 'message') else exc}. "
+            f"Check the model name ({settings.model}), --base-url and the API key variable ({settings.api_key_env}); retrying will not help."
         ) from None
     assert isinstance(message, AIMessage)
     usage = message.usage_metadata or {}

@@ -1,24 +1,73 @@
-"""The `refinery` command: thin subcommands that parse, build a config and call the library."""
+"""The `refinery` command: thin subcommands that parse, build a config and call the library.
+
+A user error (traces/errors.py: a bad file, flag, config value, endpoint, key or run directory)
+prints `error: <what failed, where, what to do>` on stderr and exits 2; `--debug` or
+REFINERY_DEBUG=1 shows its traceback instead. Any other exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import tomllib
 import uuid
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
+import click
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+from typer.core import TyperGroup
 
 from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
 from agent.state import Attempt, TaskSpec
 from bench.logs import configure_logging
+from bench.tasks import SuiteError
 from tools.config import EvalConfig
 from traces.cli import traces_app
+from traces.errors import ConfigError, InputFileError, UserError
+from traces.schema import UnknownSchemaVersion
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="LLM kernel refinement with an honest evaluator.")
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, SuiteError, UnknownSchemaVersion)
+"""What the CLI reports as a one-line error (exit 2): UserError, plus the typed errors of modules
+that predate it (SuiteError: a task file or suite that is not one; UnknownSchemaVersion: traces
+written by another version)."""
+
+
+def debugging(ctx: click.Context | None = None) -> bool:
+    if ctx is not None and ctx.find_root().params.get("debug"):
+        return True
+    return os.environ.get("REFINERY_DEBUG", "").strip() not in ("", "0")
+
+
+class RefineryGroup(TyperGroup):
+    """Reports user errors in one line (exit 2) wherever in a subcommand they are raised."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as exc:
+            if debugging(ctx):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=RefineryGroup, no_args_is_help=True, add_completion=False, help="LLM kernel refinement with an honest evaluator."
+)
 console = Console()
 app.add_typer(traces_app, name="traces")
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="REFINERY_DEBUG", help="show the traceback of a user error too (or REFINERY_DEBUG=1)")
+    ] = False,
+) -> None:
+    """LLM kernel refinement with an honest evaluator."""
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
 RoundsOpt = Annotated[Optional[int], typer.Option("--rounds", help="beam: rounds (default 3)")]
@@ -34,8 +83,53 @@ def _search(**options: int | None) -> dict[str, int]:
 
 def _eval_config(device: str, backend: str | None = None, **overrides: object) -> EvalConfig:
     if device not in ("cpu", "cuda"):
-        raise typer.BadParameter(f"--device must be cpu or cuda, not {device!r}")
-    return EvalConfig(device=device, backend=backend, **overrides)  # type: ignore[arg-type]
+        raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
+    if backend not in (None, "cpp", "cuda", "triton"):
+        raise ConfigError(f"--backend must be cpp, cuda or triton, not {backend!r}")
+    try:
+        return EvalConfig(device=device, backend=backend, **overrides)  # type: ignore[arg-type]  # device checked above
+    except ValidationError as exc:
+        raise ConfigError(f"evaluator settings: {describe_validation(exc)}") from exc
+
+
+def describe_validation(exc: ValidationError, flags: bool = False) -> str:
+    """A pydantic error in one line: each bad field (as --flag or config key) and what is wrong with it."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(x) for x in error["loc"])
+        if flags and where:
+            where = "--" + where.split(".")[-1].replace("_", "-")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting (a typo, or a setting of another version)"
+        value = error.get("input")
+        shown = f" (got {value!r})" if error["type"] not in ("extra_forbidden", "value_error", "missing") and not isinstance(value, dict) else ""
+        parts.append(f"{where}: {message}{shown}" if where else message)
+    return "; ".join(parts)
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{what} {path} is not UTF-8 text (byte {exc.start}); give a Python source file") from exc
+    except OSError as exc:
+        raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+
+
+def check_model(model: str) -> None:
+    """A scripted model's file must exist and hold replies; found before any worker starts."""
+    if not model.startswith("scripted:"):
+        return
+    from agent.scripted import load_script
+
+    path = Path(model.removeprefix("scripted:"))
+    if not path.exists():
+        raise InputFileError(f"--model {model}: no file or folder {path}; give scripted:FILE with a JSON list of replies")
+    try:
+        load_script(path)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise InputFileError(f"--model {model}: {path} is not a reply script ({exc}); give a JSON list of replies or a folder of reply files") from exc
 
 
 @app.command("eval")
@@ -55,9 +149,10 @@ def eval_command(
 
     configure_logging(quiet=as_json)
     task = load_task_file(task_file, level=_level_of(task_file))
+    candidate = _read_text(candidate_file, "candidate file")
     config = _eval_config(device, trials=trials, correctness_trials=correctness_trials, time_compiled_reference=compiled_baseline)
     with Evaluator(config) as evaluator:
-        result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for(device)), candidate_file.read_text())
+        result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for(device)), candidate)
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
@@ -79,6 +174,7 @@ def run_command(
     api_key_env: Annotated[str, typer.Option(help="environment variable holding the API key")] = "OPENAI_API_KEY",
     temperature: float = 0.0,
     max_tokens: int = 4096,
+    retries: Annotated[int, typer.Option(min=1, help="attempts per model call on rate limits, timeouts, dropped connections and 5xx")] = 6,
     target_speedup: Annotated[float, typer.Option(help="stop once a correct kernel is this fast")] = 1.0,
     hardware_prompt: Annotated[bool, typer.Option(help="describe the device in the prompt")] = True,
     run_dir: Annotated[Optional[Path], typer.Option(help="where traces and checkpoints go")] = None,
@@ -102,17 +198,20 @@ def run_command(
 
     configure_logging()
     task = load_task_file(task_file, level=_level_of(task_file))
+    check_model(model)
     search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
     try:
         config = RunConfig(
-            llm=ModelSettings(model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens),
+            llm=ModelSettings(
+                model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens, retries=retries
+            ),
             loop=LoopSettings(variant=variant, turns=turns, target_speedup=target_speedup, hardware_prompt=hardware_prompt),
             eval=_eval_config(device, backend),
             strategy=strategy,  # type: ignore[arg-type]
             search=SearchSettings(**search),
         )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    except ValidationError as exc:
+        raise ConfigError(describe_validation(exc, flags=True)) from exc
     run_dir = run_dir or Path("runs") / f"run-{task.name}-{uuid.uuid4().hex[:6]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
@@ -156,12 +255,14 @@ def experiment_command(
     api_key_env: Optional[str] = None,
     temperature: Optional[float] = None,
     max_tokens: Optional[int] = None,
+    retries: Annotated[Optional[int], typer.Option(min=1, help="attempts per model call on rate limits, timeouts and 5xx (default 6)")] = None,
     target_speedup: Optional[float] = None,
     workers: Annotated[Optional[int], typer.Option(help="evaluation workers (default: per GPU / per core)")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="trajectories and LLM calls in flight")] = None,
     executor: Annotated[Optional[str], typer.Option(help="local or ray")] = None,
     trials: Annotated[Optional[int], typer.Option(help="timed calls of each side")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="re-running on an existing directory resumes it")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="the final table with every p, one line per row")] = False,
 ) -> None:
     """Run suites × variants × samples in parallel, resumable, and print the fast_p table."""
     from bench.experiment import ExperimentConfig
@@ -173,12 +274,16 @@ def experiment_command(
         "samples": samples, "strategies": _list(strategies), "device": device, "backend": backend, "target_speedup": target_speedup,
         "workers": workers, "concurrency": concurrency, "executor": executor,
     }
-    llm = {"model": model, "base_url": base_url, "api_key_env": api_key_env, "temperature": temperature, "max_tokens": max_tokens}
+    llm = {
+        "model": model, "base_url": base_url, "api_key_env": api_key_env, "temperature": temperature, "max_tokens": max_tokens,
+        "retries": retries,
+    }
     data: dict[str, object] = {}
     if config_file is not None:
-        import tomllib
-
-        data = tomllib.loads(config_file.read_text())
+        try:
+            data = tomllib.loads(_read_text(config_file, "config file"))
+        except tomllib.TOMLDecodeError as exc:
+            raise InputFileError(f"config file {config_file} is not valid TOML: {exc}") from exc
     data.update({k: v for k, v in overrides.items() if v is not None})
     data["llm"] = {**dict(data.get("llm", {})), **{k: v for k, v in llm.items() if v is not None}}  # type: ignore[arg-type]
     search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
@@ -187,23 +292,46 @@ def experiment_command(
         data["eval"] = {**dict(data.get("eval", {})), "trials": trials}  # type: ignore[arg-type]
     run_dir = run_dir or Path(str(data.pop("run_dir", "") or f"runs/experiment-{uuid.uuid4().hex[:6]}"))
     data.pop("run_dir", None)
+    source = f"--config {config_file} and flags" if config_file is not None else "flags"
+    for section in ("llm", "search", "eval"):
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"{source}: {section} must be a table ([{section}]), not {data[section]!r}")
     try:
         config = ExperimentConfig.model_validate(data)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    launch(config, run_dir, console)
+    except ValidationError as exc:
+        raise ConfigError(f"experiment settings ({source}): {describe_validation(exc)}") from exc
+    check_model(config.llm.model)
+    launch(config, run_dir, console, wide=wide)
 
 
 @app.command("report")
 def report_command(
-    run_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="an experiment's run directory")],
+    run_dir: Annotated[
+        Optional[Path], typer.Argument(exists=True, file_okay=False, help="an experiment's run directory (optional when comparing two)")
+    ] = None,
     plots: Annotated[bool, typer.Option(help="write PNG plots to RUN_DIR/plots")] = True,
+    wide: Annotated[bool, typer.Option("--wide", help="every p and exact tokens, intervals on the same line")] = False,
+    compare: Annotated[
+        Optional[tuple[str, str]],
+        typer.Option(
+            "--compare", metavar="A B",
+            help="paired difference B - A per score with its 95% interval: two variants or strategies of RUN_DIR, or two run directories",
+        ),
+    ] = None,
 ) -> None:
-    """fast_p per level × variant, rates, geometric-mean speedup and tokens; JSON and PNG plots too."""
+    """fast_p per level × variant with 95% intervals, rates, geometric-mean speedup and tokens; JSON and PNG plots too."""
+    if compare is not None:
+        from bench.compare import compare as paired, render, resolve_sides
+
+        a, b, key, paired_on = resolve_sides(run_dir, *compare)
+        render(paired(a, b, key, paired_on), console, wide=wide)
+        return
+    if run_dir is None:
+        raise ConfigError("give a run directory (refinery report RUN_DIR), or --compare A B with two run directories")
     from bench.report import report
 
-    report(run_dir, console=console, plots=plots)
-    console.print(f"written: {run_dir / 'report.json'}")
+    report(run_dir, console=console, plots=plots, wide=wide)
+    console.print(f"written: {run_dir / 'report.json'}", highlight=False)
 
 
 def _list(text: str | None) -> list[str] | None:
@@ -212,7 +340,10 @@ def _list(text: str | None) -> list[str] | None:
 
 def _ints(text: str | None) -> list[int] | None:
     items = _list(text)
-    return [int(i) for i in items] if items else None
+    try:
+        return [int(i) for i in items] if items else None
+    except ValueError:
+        raise ConfigError(f"--levels takes comma-separated level numbers, e.g. 1,2; not {text!r}") from None
 
 
 @app.command("serve-local")

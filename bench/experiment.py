@@ -26,6 +26,7 @@ from agent.strategies import StrategyResult, StrategyRun, run_strategy
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
 from tools.results import EvalStatus
+from traces.errors import ConfigError, RunDirError
 from traces.schema import TrajectoryId
 
 # Worst to best: the verdict a trajectory reports when none of its attempts was correct.
@@ -163,10 +164,14 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
             continue
         try:
             record = TrajectoryRecord.model_validate_json(line)
-        except ValueError:
+        except ValueError as exc:
             if number == len(lines):
                 continue
-            raise
+            raise RunDirError(
+                f"{path}:{number} is not a trajectory record this version of refinery reads "
+                f"({exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}); was the run made by another version? "
+                "Report it with that version, or start a new --run-dir"
+            ) from exc
         records[record.run_key] = record
     return list(records.values())
 
@@ -187,7 +192,10 @@ def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
     """(task, variant, sample, strategy) for every trajectory the experiment runs."""
     tasks = load_suite(resolve_suite(config.suite), levels=config.levels, name_filter=config.tasks)
     if not tasks:
-        raise ValueError(f"no task in suite {config.suite!r} levels {config.levels} matches {config.tasks!r}")
+        raise ConfigError(
+            f"no task in suite {config.suite!r} levels {config.levels} matches {config.tasks!r}; "
+            "check --suite, --levels and --tasks (`refinery experiment --help`)"
+        )
     return [
         (t, str(Variant.parse(v)), s, strategy)
         for t in tasks for v in config.variants for strategy in config.strategies for s in range(config.samples)
@@ -205,11 +213,18 @@ def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / "config.json"
     if saved.exists():
-        before = ExperimentConfig.model_validate_json(saved.read_text()).model_dump(mode="json", exclude=_RUNTIME_ONLY)
+        try:
+            before = ExperimentConfig.model_validate_json(saved.read_text()).model_dump(mode="json", exclude=_RUNTIME_ONLY)
+        except ValueError as exc:
+            raise RunDirError(
+                f"{saved} is not an experiment config this version of refinery reads (written by another version, "
+                "or by `refinery run`); choose another --run-dir"
+            ) from exc
         if before != config.model_dump(mode="json", exclude=_RUNTIME_ONLY):
-            raise ValueError(
-                f"{run_dir} holds a run with other settings ({saved}); resume it with the same settings "
-                "or choose another --run-dir"
+            changed = sorted(k for k, v in config.model_dump(mode="json", exclude=_RUNTIME_ONLY).items() if before.get(k) != v)
+            raise RunDirError(
+                f"{run_dir} holds a run with other settings ({saved}; differing: {', '.join(changed) or 'fields'}); "
+                "resume it with the same settings or choose another --run-dir"
             )
     saved.write_text(config.model_dump_json(indent=2))
 
@@ -246,11 +261,18 @@ def run_experiment(
     records = list(finished.values())
     with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="trajectory") as pool:
         futures = [pool.submit(one, *item) for item in todo]
-        for future in as_completed(futures):
-            record = future.result()
-            records.append(record)
-            if on_done is not None:
-                on_done(record)
+        try:
+            for future in as_completed(futures):
+                record = future.result()
+                records.append(record)
+                if on_done is not None:
+                    on_done(record)
+        except BaseException:
+            # One trajectory failed (an unreachable endpoint, a bug): start no more; those in flight
+            # end by themselves and resume from their checkpoints on the next run.
+            for future in futures:
+                future.cancel()
+            raise
     return records
 
 

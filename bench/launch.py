@@ -24,17 +24,18 @@ def make_pool(config: ExperimentConfig) -> object:
     return EvaluatorPool(eval_config, workers=config.worker_count())
 
 
-def launch(config: ExperimentConfig, run_dir: Path, console: Console) -> None:
+def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool = False) -> None:
     prepare_run_dir(run_dir, config)
     total = len(plan(config))
     done = read_results(run_dir)
     console.print(
         f"[bold]experiment[/] {run_dir}: {total} trajectories ({len(done)} already finished) · "
-        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.turns} turns · {config.device} · model {config.llm.model}"
+        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.turns} turns · {config.device} · model {config.llm.model}",
+        highlight=False,
     )
     counts = {"done": len(done), "correct": sum(map(is_correct, done)), "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1)}
     columns = (
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("[progress.description]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
         TextColumn("correct {task.fields[correct]} · fast_1 {task.fields[fast1]}"), TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress, open_chat_model(config.llm) as chat:
@@ -45,10 +46,18 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console) -> None:
             counts["correct"] += is_correct(record)
             counts["fast1"] += is_correct(record) and (record.best_speedup or 0) > 1
             progress.update(bar, completed=counts["done"], correct=counts["correct"], fast1=counts["fast1"])
+            if not console.is_terminal:
+                # No live bar in a file or a pipe: one line per finished trajectory instead.
+                speed = f" {record.best_speedup:.2f}x" if record.best_speedup is not None else ""
+                progress.console.print(
+                    f"{counts['done']}/{total} {record.task} {record.variant} sample {record.sample}"
+                    + ("" if record.strategy == "refine" else f" {record.strategy}") + f": {record.best_status}{speed}",
+                    highlight=False, markup=False,
+                )
 
         pool = make_pool(config)
         try:
             run_experiment(config, run_dir, lambda: chat, pool, on_done=on_done, hardware=describe(config.device).block())
         finally:
             pool.close()  # type: ignore[attr-defined]
-    report(run_dir, console=console)
+    report(run_dir, console=console, wide=wide)
