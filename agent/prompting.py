@@ -9,6 +9,9 @@ it is about the answer's form, not an evaluation.
 
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
+
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 import prompts
@@ -17,6 +20,53 @@ from agent.state import Attempt, TaskSpec
 from tools.results import EvalResult, EvalStatus
 
 _RUN_FAILURES = (EvalStatus.RUNTIME_ERROR, EvalStatus.CUDA_FAULT, EvalStatus.TIMEOUT, EvalStatus.OOM)
+
+
+@dataclass(frozen=True)
+class Interface:
+    """The signatures of the task Model's constructor and forward, as written in its source."""
+
+    init: str
+    forward: str
+    inputs: tuple[str, ...]
+    """forward's parameter names after self, in order (a *args or **kwargs keeps its stars)."""
+
+
+def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    returns = f" -> {ast.unparse(fn.returns)}" if fn.returns is not None else ""
+    return f"def {fn.name}({ast.unparse(fn.args)}){returns}"
+
+
+def model_interface(source: str, class_name: str = "Model") -> Interface | None:
+    """The exact `__init__` and `forward` signatures of `class_name` in a task's source.
+
+    None when the source does not parse or has no such class with a forward; a class without its
+    own `__init__` takes no constructor arguments.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    if cls is None:
+        return None
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    forward = methods.get("forward")
+    if forward is None:
+        return None
+    init = methods.get("__init__")
+    args = forward.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args)][1:]
+    if args.vararg is not None:
+        names.append("*" + args.vararg.arg)
+    names += [a.arg for a in args.kwonlyargs]
+    if args.kwarg is not None:
+        names.append("**" + args.kwarg.arg)
+    return Interface(
+        init=_signature(init) if init is not None else "def __init__(self)",
+        forward=_signature(forward),
+        inputs=tuple(names),
+    )
 
 
 def _ms(value: float) -> str:
@@ -80,6 +130,7 @@ def build_messages(
     system = prompts.render("system.j2", backend=spec, tolerance=f"{tolerance:g}")
     user = prompts.render(
         "task.j2",
+        interface=model_interface(task.source),
         example_reference=spec.example_reference,
         example_solution=spec.example_solution,
         hardware=hardware or "",

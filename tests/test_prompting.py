@@ -31,3 +31,74 @@ def test_wrong_arity_forward_gets_its_hint_and_other_errors_none() -> None:
     assert "Hint: ModelNew.forward must take exactly the inputs" in text
     plain = evaluation_feedback(EvalResult(status=EvalStatus.RUNTIME_ERROR, message="RuntimeError: boom"), Variant.parse("G+E"))
     assert "Hint:" not in plain
+
+
+# --- the task Model's interface, rendered into the prompt ---
+
+from agent.prompting import build_messages, model_interface  # noqa: E402
+from agent.state import TaskSpec  # noqa: E402
+
+TWO_INPUTS = '''
+import torch
+import torch.nn as nn
+
+
+class Helper(nn.Module):
+    def forward(self, z):
+        return z
+
+
+class Model(nn.Module):
+    """C = A @ B."""
+
+    def __init__(self, features: int, eps: float = 1e-5, *, bias=True):
+        super().__init__()
+
+    def forward(self, A: torch.Tensor, B: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        return A @ B * scale
+
+
+def get_inputs():
+    return [torch.randn(4, 4), torch.randn(4, 4)]
+'''
+
+
+def test_interface_is_the_exact_signatures_of_model() -> None:
+    found = model_interface(TWO_INPUTS)
+    assert found is not None
+    assert found.init == "def __init__(self, features: int, eps: float=1e-05, *, bias=True)"
+    assert found.forward == "def forward(self, A: torch.Tensor, B: torch.Tensor, scale: float=2.0) -> torch.Tensor"
+    assert found.inputs == ("A", "B", "scale")
+
+
+def test_interface_of_a_model_without_init_and_with_star_args() -> None:
+    source = "class Model:\n    def forward(self, x, *rest, **options):\n        return x\n"
+    found = model_interface(source)
+    assert found is not None
+    assert found.init == "def __init__(self)"
+    assert found.forward == "def forward(self, x, *rest, **options)"
+    assert found.inputs == ("x", "*rest", "**options")
+
+
+def test_no_interface_without_a_model_forward_or_for_broken_source() -> None:
+    assert model_interface("class Model:\n    def __init__(self):\n        pass\n") is None
+    assert model_interface("class Other:\n    def forward(self, x):\n        return x\n") is None
+    assert model_interface("class Model(:\n") is None
+
+
+def _prompt(source: str) -> str:
+    task = TaskSpec(name="t", source=source)
+    messages = build_messages(task, "cpp", Variant.parse("G+E"), 1, 3, None, None, 1e-2)
+    return str(messages[-1].content)
+
+
+def test_the_prompt_states_the_task_interface_after_the_instruction() -> None:
+    prompt = _prompt(TWO_INPUTS)
+    line = ("ModelNew keeps the interface of t's Model: `def __init__(self, features: int, eps: float=1e-05, *, bias=True)` "
+            "and `def forward(self, A: torch.Tensor, B: torch.Tensor, scale: float=2.0) -> torch.Tensor` "
+            "(3 inputs: A, B, scale).")
+    assert line in prompt
+    assert prompt.index("Write ModelNew with custom kernels") < prompt.index(line)
+    one = _prompt("class Model:\n    def __init__(self):\n        pass\n\n    def forward(self, x):\n        return x\n")
+    assert "`def __init__(self)` and `def forward(self, x)` (1 input: x)." in one
+    assert "keeps the interface" not in _prompt("def get_inputs():\n    return []\n")
