@@ -26,6 +26,8 @@ from traces.stats import METHOD, Estimate, mean_interval, paired_difference, pai
 from traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
 Key = tuple[str, ...]
+ROUGH = 10
+"""Below this many tasks the report says an interval is rough."""
 
 
 class Side(BaseModel):
@@ -44,7 +46,8 @@ class MetricDifference(BaseModel):
     a: float | None
     b: float | None
     difference: Estimate
-    pairs: int
+    tasks: int
+    """The tasks (resampling units) behind the comparison: for geomean, those correct on both sides."""
 
     @property
     def null(self) -> float:
@@ -61,6 +64,7 @@ class Comparison(BaseModel):
     b: str
     paired_on: str
     pairs: int
+    tasks: int
     only_a: int
     only_b: int
     metrics: list[MetricDifference]
@@ -130,17 +134,29 @@ def _geomean(records: list[TrajectoryRecord]) -> float | None:
 
 
 def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on: str) -> Comparison:
+    """B against A over the keys both sides ran; the key's first part is the task.
+
+    The resampling unit is the task: where a task has several pairs (other variants or strategies
+    of two runs), its value is the mean over them, since they share the task's difficulty.
+    """
     side_a, side_b = _by_key(a.records, key), _by_key(b.records, key)
     pairs = sorted(set(side_a) & set(side_b))
+    by_task: dict[str, list[Key]] = defaultdict(list)
+    for k in pairs:
+        by_task[k[0]].append(k)
+    tasks = sorted(by_task)
     metrics: list[MetricDifference] = []
 
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
     def rate(name: str, hit: Callable[[TrajectoryRecord], bool]) -> None:
-        xs = [_share(side_a[k], hit) for k in pairs]
-        ys = [_share(side_b[k], hit) for k in pairs]
+        xs = [mean([_share(side_a[k], hit) for k in by_task[t]]) for t in tasks]
+        ys = [mean([_share(side_b[k], hit) for k in by_task[t]]) for t in tasks]
         metrics.append(
             MetricDifference(
                 metric=name, kind="rate", a=mean_interval(xs).value, b=mean_interval(ys).value,
-                difference=paired_difference(xs, ys), pairs=len(pairs),
+                difference=paired_difference(xs, ys), tasks=len(tasks),
             )
         )
 
@@ -148,18 +164,22 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
         rate(f"fast_{p:g}", lambda r, p=p: is_correct(r) and r.best_speedup is not None and r.best_speedup > p)
     rate("correct", is_correct)
     rate("compiled", lambda r: r.compiled)
-    both = [(ga, gb) for k in pairs if (ga := _geomean(side_a[k])) is not None and (gb := _geomean(side_b[k])) is not None]
-    xs, ys = [x for x, _ in both], [y for _, y in both]
+    xs, ys = [], []
+    for t in tasks:
+        both = [(ga, gb) for k in by_task[t] if (ga := _geomean(side_a[k])) is not None and (gb := _geomean(side_b[k])) is not None]
+        if both:
+            xs.append(math.exp(mean([math.log(x) for x, _ in both])))
+            ys.append(math.exp(mean([math.log(y) for _, y in both])))
     metrics.append(
         MetricDifference(
             metric="geomean", kind="ratio",
-            a=math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None,
-            b=math.exp(sum(map(math.log, ys)) / len(ys)) if ys else None,
-            difference=paired_ratio(xs, ys), pairs=len(both),
+            a=math.exp(mean([math.log(x) for x in xs])) if xs else None,
+            b=math.exp(mean([math.log(y) for y in ys])) if ys else None,
+            difference=paired_ratio(xs, ys), tasks=len(xs),
         )
     )
     return Comparison(
-        a=a.label, b=b.label, paired_on=paired_on, pairs=len(pairs),
+        a=a.label, b=b.label, paired_on=paired_on, pairs=len(pairs), tasks=len(tasks),
         only_a=len(set(side_a) - set(side_b)), only_b=len(set(side_b) - set(side_a)), metrics=metrics,
     )
 
@@ -181,7 +201,7 @@ def _verdict(m: MetricDifference) -> str:
     if d.value is None:
         return "no pairs"
     if not d.has_interval:
-        return "no interval (under 2 pairs)"
+        return "no interval (under 2 tasks)"
     if not m.excludes_null:
         return f"includes {m.null:g}: no difference shown"
     if m.kind == "rate":
@@ -191,11 +211,14 @@ def _verdict(m: MetricDifference) -> str:
 
 def render(c: Comparison, console: Console, wide: bool = False) -> None:
     left_out = f"; left out: {c.only_a} only in A, {c.only_b} only in B" if c.only_a or c.only_b else ""
-    console.print(f"[bold]compare[/] A = {c.a}, B = {c.b}: {c.pairs} pairs (same {c.paired_on}){left_out}", highlight=False)
+    console.print(
+        f"[bold]compare[/] A = {c.a}, B = {c.b}: {c.tasks} tasks, {c.pairs} pairs (same {c.paired_on}){left_out}",
+        highlight=False,
+    )
     table = compact_table(
         caption=(
-            "rates in % of paired tasks, B − A in percentage points; geomean over the pairs correct on both "
-            f"sides (n), compared as B / A; 95% interval: {METHOD}"
+            "n: tasks; rates in % of tasks (a task's pairs averaged), B − A in percentage points; geomean over "
+            f"the tasks correct on both sides, compared as B / A; 95% interval: {METHOD}"
         )
     )
     add_name_column(table, "metric")
@@ -211,7 +234,7 @@ def render(c: Comparison, console: Console, wide: bool = False) -> None:
             a, b = _times(m.a), _times(m.b)
             change = "-" if d.value is None else f"×{d.value:.2f}"
             low_high = f"[×{d.low:.2f}, ×{d.high:.2f}]" if d.has_interval else "-"
-        table.add_row(m.metric, str(m.pairs), a, b, change, low_high, _verdict(m))
+        table.add_row(m.metric, str(m.tasks), a, b, change, low_high, _verdict(m))
     print_table(console, table, wide)
     shown = [m for m in c.metrics if m.excludes_null]
     if shown:
@@ -225,7 +248,12 @@ def render(c: Comparison, console: Console, wide: bool = False) -> None:
         )
     else:
         console.print(
-            f"[bold]no difference excludes zero[/]: over these {c.pairs} pairs no score tells {c.b} from {c.a} "
+            f"[bold]no difference excludes zero[/]: over these {c.tasks} tasks no score tells {c.b} from {c.a} "
             "(more tasks or samples narrow the intervals)",
+            highlight=False,
+        )
+    if min((m.tasks for m in c.metrics if m.difference.has_interval), default=ROUGH) < ROUGH:
+        console.print(
+            f"(fewer than {ROUGH} tasks: a bootstrap interval is rough there, and tends to be too narrow)",
             highlight=False,
         )

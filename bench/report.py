@@ -66,7 +66,8 @@ class StrategyScores(BaseModel):
     """Mean over trajectories of the best correct speedup within the first e evaluations (0 before
     any correct kernel), for e = 1, 2, …"""
     intervals: dict[str, Estimate] = {}
-    """95% intervals over the trajectories (task × variant), keyed like GroupScores.intervals."""
+    """95% intervals resampling tasks (a task's value: the mean over its variants), keyed like
+    GroupScores.intervals; with one variant each value equals the field above."""
 
     def estimates(self) -> dict[str, Estimate]:
         if self.intervals:
@@ -140,6 +141,13 @@ def best_by_evals(records: list[TrajectoryRecord], horizon: int | None = None) -
     ]
 
 
+def _by_task(records: list[TrajectoryRecord]) -> list[list[TrajectoryRecord]]:
+    tasks: dict[str, list[TrajectoryRecord]] = defaultdict(list)
+    for r in records:
+        tasks[r.task].append(r)
+    return [tasks[t] for t in sorted(tasks)]
+
+
 def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
     by_strategy: dict[str, list[TrajectoryRecord]] = defaultdict(list)
     for r in records:
@@ -158,7 +166,8 @@ def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
                 mean_evals=sum(r.evaluations for r in group) / len(group),
                 tokens=sum(r.tokens for r in group),
                 best_by_evals=best_by_evals(group, horizon),
-                intervals={k: v for k, v in unit_estimates([[r] for r in group]).items() if k != "compiled"},
+                # Resampled by task: a task's variants share its difficulty.
+                intervals={k: v for k, v in unit_estimates(_by_task(group)).items() if k != "compiled"},
             )
         )
     return scores

@@ -176,3 +176,16 @@ def test_a_turn_speedup_interval_shows_where_the_evaluator_gave_one() -> None:
     table = summary_table([summarise(with_interval)], wide=True)
     assert_whole(printed(table, wide=True), [*headers(table), "1.19–1.31x"], width=200)
     assert "interval" not in dict(verdict_of(best).details)["speedup"], "older results have none and show none"
+
+
+def test_traces_never_imports_bench() -> None:
+    """The terminal views traces/ needs live in traces/terminal.py: imports run bench → traces only."""
+    import ast
+
+    for path in (Path(__file__).parent.parent / "traces").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )
+            assert not [n for n in names if n == "bench" or n.startswith("bench.")], f"{path.name} imports {names}"

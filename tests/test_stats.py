@@ -108,11 +108,11 @@ def test_report_scores_carry_intervals_that_match_their_values() -> None:
 def test_compare_identical_runs_finds_no_difference() -> None:
     records = [_record(t, "G", s, x) for t, s, x in [("a", "correct", 1.5), ("b", "incorrect", None), ("c", "correct", 0.7), ("d", "correct", 3.0)]]
     result = compare(Side(label="A", records=records), Side(label="B", records=records), lambda r: (r.task,), "task")
-    assert result.pairs == 4
+    assert result.pairs == result.tasks == 4
     for m in result.metrics:
         assert m.difference.value == pytest.approx(m.null) and not m.excludes_null, m.metric
     geomean = next(m for m in result.metrics if m.metric == "geomean")
-    assert geomean.pairs == 3, "over the tasks correct on both sides"
+    assert geomean.tasks == 3, "over the tasks correct on both sides"
 
 
 def test_compare_pairs_only_common_tasks_and_sees_a_clear_gain() -> None:
@@ -124,3 +124,20 @@ def test_compare_pairs_only_common_tasks_and_sees_a_clear_gain() -> None:
     assert (correct.a, correct.b) == (0.0, 1.0) and correct.difference.value == 1.0
     # Every pair moved by +1: the interval is [1, 1] and excludes 0.
     assert correct.excludes_null
+
+
+def test_compare_resamples_tasks_not_the_pairs_within_a_task() -> None:
+    # Two runs, two variants each, on 2 tasks: 4 pairs, but only 2 independent tasks. The same
+    # kernel timed twice (3.9x, then 2.5x and 3.0x) must not read as a significant slowdown.
+    before = [_record("t", v, "correct", 3.9) for v in ("G", "G+E")] + [_record("u", v, "incorrect", None) for v in ("G", "G+E")]
+    after = [_record("t", "G", "correct", 2.5), _record("t", "G+E", "correct", 3.0)] + [
+        _record("u", v, "correct", 0.1) for v in ("G", "G+E")
+    ]
+    result = compare(Side(label="before", records=before), Side(label="after", records=after),
+                     lambda r: (r.task, r.variant, r.strategy), "task, variant and strategy")
+    assert (result.pairs, result.tasks) == (4, 2)
+    geomean = next(m for m in result.metrics if m.metric == "geomean")
+    assert geomean.tasks == 1 and not geomean.difference.has_interval, "one task correct on both sides: no interval"
+    assert geomean.difference.value == pytest.approx(math.sqrt(2.5 * 3.0) / 3.9)
+    correct = next(m for m in result.metrics if m.metric == "correct")
+    assert correct.difference.value == pytest.approx(0.5) and correct.tasks == 2
