@@ -11,7 +11,7 @@ from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KERNELS = (FIXTURES / "cpu_kernels.cpp").read_text()
-FUNCTIONS = ["relu_fwd", "scaled_relu", "leaky_wrong", "relu_inplace", "zeros", "touch", "crash", "spin", "hog"]
+FUNCTIONS = ["relu_fwd", "scaled_relu", "leaky_wrong", "relu_inplace", "zeros", "touch", "crash", "spin", "hog", "copy_fwd", "relu_slow"]
 
 HEADER = f'''import torch
 import torch.nn as nn
@@ -31,7 +31,7 @@ ext = load_inline(
 
 
 CUDA_KERNELS = (FIXTURES / "cuda_kernels.cu").read_text()
-CUDA_FUNCTIONS = ["relu_fwd", "leaky_wrong", "relu_inplace", "zeros", "touch", "crash", "side_stream_relu"]
+CUDA_FUNCTIONS = ["relu_fwd", "leaky_wrong", "relu_inplace", "zeros", "touch", "crash", "side_stream_relu", "copy_fwd", "relu_slow"]
 CUDA_DECLS = "\n".join(
     [line.rstrip(" {") + ";" for line in CUDA_KERNELS.splitlines() if line.startswith("torch::Tensor ") and line.endswith("{")]
     + ["void touch(torch::Tensor x);"]

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import hacks
 from candidates import FIXTURES, cuda_candidate
 
 from bench.tasks import builtin_suite_root, load_suite
-from tools.config import EvalConfig
+from tools.config import EvalConfig, Guards
 from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
-from tools.results import EvalStatus
+from tools.results import EvalStatus, Stage
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -119,6 +121,81 @@ class TestCudaHacks:
         assert after.status is EvalStatus.CORRECT
         assert evaluator.worker.starts == starts + 1
         record("cuda_fault", {"message": result.message[:300]})
+
+
+class TestCudaGuards:
+    """The guards against stale, aliased, deferred and decoy outputs, on CUDA (see test_guards_cpu)."""
+
+    RUNTIME_ONLY = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
+
+    @pytest.fixture(scope="class")
+    def rand_task(self) -> TaskProgram:
+        return TaskProgram(name="relu_rand", source=(FIXTURES / "relu_rand_task.py").read_text())
+
+    def test_correct_kernel_records_the_guards(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, cuda_candidate(CORRECT))
+        assert result.status is EvalStatus.CORRECT, result.message
+        assert result.correctness is not None and result.timing is not None
+        share = result.correctness.kernel_share
+        assert share is not None and share.share > 0.9, share
+        assert [d.passed for d in result.correctness.distributions] == [True, True]
+        assert len(result.timing.checked_calls) == 9 and result.timing.fresh_inputs
+        assert result.timing.floor_ms is not None and result.timing.floor_ms < result.timing.candidate.median
+        assert result.timing.speedup_ci95 is not None
+        record("guards_baseline", {
+            "kernel_share": share.model_dump(), "floor_ms": result.timing.floor_ms, "candidate_ms": result.timing.candidate.median,
+            "roofline_ms": result.timing.reference_roofline_ms, "ci": result.timing.speedup_ci95,
+        })
+
+    def test_content_memo_gains_nothing(self, cuda_config: EvalConfig, relu_task: TaskProgram) -> None:
+        with Evaluator(cuda_config) as ev:
+            honest = ev.evaluate(relu_task, cuda_candidate(hacks.SLOW))
+            guarded = ev.evaluate(relu_task, hacks.content_memo(cuda_candidate))
+        with Evaluator(cuda_config.model_copy(update={"guards": Guards(fresh_inputs=False)})) as ev:
+            unguarded = ev.evaluate(relu_task, hacks.content_memo(cuda_candidate))
+        medians = []
+        for result in (honest, guarded, unguarded):
+            assert result.status is EvalStatus.CORRECT and result.timing is not None, result.message
+            medians.append(result.timing.candidate.median)
+        record("content_memo", {"honest_ms": medians[0], "guarded_ms": medians[1], "rotating_inputs_ms": medians[2]})
+        assert medians[1] > 0.5 * medians[0], "the memo hit although every call had fresh inputs"
+        assert medians[2] < 0.3 * medians[0], "rotating inputs should have let the memo hit"
+
+    def test_pointer_memo_fails_on_a_reused_address(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        # The caching allocator hands the next call's input the block the last one freed.
+        result = evaluator.run(relu_task, hacks.pointer_memo(cuda_candidate), self.RUNTIME_ONLY)
+        assert result.status is EvalStatus.INCORRECT, result.message
+        assert "second call of the same model" in result.message or "returned a wrong output for its own inputs" in result.message
+        record("pointer_memo", {"message": result.message[:200]})
+
+    def test_output_reused_across_timed_calls_fails(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.run(relu_task, hacks.stale_after_two_calls(cuda_candidate), self.RUNTIME_ONLY)
+        assert result.status is EvalStatus.INCORRECT, result.message
+        assert re.search(r"timed call \d+ of 100 returned a wrong output for its own inputs", result.message)
+
+    def test_identity_on_non_negative_inputs_fails(self, evaluator: Evaluator, rand_task: TaskProgram) -> None:
+        result = evaluator.evaluate(rand_task, hacks.identity(cuda_candidate))
+        assert result.status is EvalStatus.INCORRECT, result.message
+        assert "on inputs redrawn from a signed standard normal (normal)" in result.message
+
+    @pytest.mark.parametrize("hack", [hacks.returned_input, hacks.returned_view])
+    def test_output_sharing_an_input_is_rejected(self, evaluator: Evaluator, rand_task: TaskProgram, hack: Callable[[hacks.Build], str]) -> None:
+        result = evaluator.evaluate(rand_task, hack(cuda_candidate))
+        assert result.status is EvalStatus.REJECTED, result.message
+        assert "the output shares memory with input 0" in result.message
+
+    def test_deferred_tensor_subclass_is_rejected(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        static = evaluator.evaluate(relu_task, hacks.lazy(cuda_candidate))
+        assert static.status is EvalStatus.REJECTED and "subclasses torch.Tensor" in static.message
+        result = evaluator.run(relu_task, hacks.lazy(cuda_candidate), self.RUNTIME_ONLY)
+        assert result.status is EvalStatus.REJECTED, result.message
+        assert "a subclass of torch.Tensor" in result.message
+
+    def test_decoy_beside_a_substitute_op_is_rejected_by_kernel_share(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
+        result = evaluator.evaluate(relu_task, hacks.decoy_beside_clamp(cuda_candidate))
+        assert result.status is EvalStatus.REJECTED, result.message
+        assert "the candidate's own kernels do" in result.message and "at least 10% must be custom" in result.message
+        record("decoy_share", {"message": result.message[:300]})
 
 
 def test_triton_candidate_end_to_end(cuda_config: EvalConfig) -> None:

@@ -53,6 +53,13 @@ class CompileLedger:
         return sum(self.calls.values())
 
 
+def profiler_range(name: str) -> Any:
+    """A named profiler range with little overhead of its own (about 10 us against record_function's
+    100 on a small CPU): the kernel share charges a range's own time to the candidate."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    return fast(name) if fast is not None else torch.profiler.record_function(name)
+
+
 class CountingModule(types.ModuleType):
     """A built extension whose functions count their calls; everything else passes through.
 
@@ -78,7 +85,7 @@ class CountingModule(types.ModuleType):
                 if not torch.autograd._profiler_enabled():
                     return attr(*args, **kwargs)
                 # Named in the profiler's table: pybind functions are not dispatcher ops.
-                with torch.profiler.record_function(f"kernel::{name}"):
+                with profiler_range(f"kernel::{name}"):
                     return attr(*args, **kwargs)
 
             counted.__name__ = name
@@ -210,7 +217,11 @@ class CompileCache:
             name = f"triton::{getattr(fn_self.fn, '__name__', '?')}"
             calls = cache.ledger.calls
             calls[name] = calls.get(name, 0) + 1
-            return original(fn_self, *args, **kwargs)
+            if not torch.autograd._profiler_enabled():
+                return original(fn_self, *args, **kwargs)
+            # Named in the profiler, so its launches count as the candidate's own (kernel share).
+            with profiler_range(name):
+                return original(fn_self, *args, **kwargs)
 
         JITFunction.run = counted_run  # type: ignore[method-assign]
         return True

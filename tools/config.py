@@ -33,6 +33,30 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "kernel-refinery"
 
 
+class Guards(BaseModel):
+    """Guards against stale, aliased, deferred or decoy outputs; each can be switched off for an
+    ablation or a cost benchmark, and the settings in force travel with every result."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fresh_inputs: bool = True
+    """Every warm-up and timed call of either side gets input values no earlier call saw (else two
+    seeded sets rotate, as before these guards: a content-keyed memo then hits on every call)."""
+    checked_timed_calls: int = Field(8, ge=0)
+    """Timed calls, drawn at random, whose outputs are compared with the reference on their own
+    inputs after the call; the last timed call is always checked as well (when this is above 0).
+    A candidate stale on half its calls (enough to move the median) escapes 8 draws 1 time in 256."""
+    input_distributions: tuple[Literal["normal", "normal_x4"], ...] = ("normal", "normal_x4")
+    """Correctness also runs on floating-point inputs redrawn from these: signed values exercise
+    the operator where the task's own `get_inputs()` (often `torch.rand`) never goes."""
+    plain_outputs: bool = True
+    """Outputs must be plain tensors that share no storage with an input."""
+    speed_of_light: bool = True
+    """A time below writing the outputs at the device's peak bandwidth is re-checked, then rejected."""
+    min_kernel_share: float = Field(0.10, ge=0.0, le=1.0)
+    """Least fraction of the forward's compute time spent in the candidate's own kernels."""
+
+
 class EvalConfig(BaseModel):
     """How a candidate is checked and timed."""
 
@@ -57,6 +81,7 @@ class EvalConfig(BaseModel):
     cpu_threads: int | None = None
     """Threads for torch and OpenMP in the worker; None: the cores given to it."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
+    guards: Guards = Field(default_factory=Guards)
 
     def tolerance(self, dtype_name: str) -> Tolerance | None:
         return self.tolerances.get(dtype_name.removeprefix("torch."))

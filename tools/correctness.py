@@ -8,7 +8,14 @@ Guards, each with a test:
 - a relative L2 error against the reference's norm, so an all-zero or constant output fails
   even where the absolute tolerance alone would let it pass;
 - the aten compute ops each side ran are recorded; a candidate that runs every compute op of
-  the reference is only wrapping PyTorch, and is rejected.
+  the reference is only wrapping PyTorch, and is rejected;
+- each output must be a plain tensor over memory of its own: a tensor subclass (a deferred or
+  lazy output) or an output sharing storage with an input is rejected;
+- after the task's own inputs, inputs of the same structure with floating-point values redrawn
+  from other distributions (a signed standard normal, and the same times 4): an identity "ReLU"
+  passes on `torch.rand` inputs, never on signed ones;
+- the share of the forward's compute time spent in the candidate's own kernels: a decoy kernel
+  beside PyTorch operators that do the work is rejected.
 """
 
 from __future__ import annotations
@@ -21,8 +28,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tools.config import EvalConfig
+from tools.kernel_share import measure_kernel_share
+from tools.output_guards import output_problem
 from tools.programs import Program, clone_args, tensors_of
-from tools.results import CorrectnessReport, Mismatch, TrialOutcome
+from tools.results import CorrectnessReport, DistributionOutcome, KernelShare, Mismatch, TrialOutcome
+
+DISTRIBUTION_NAMES = {"normal": "a signed standard normal", "normal_x4": "a signed standard normal times 4"}
 
 # aten ops that move, view or allocate data; everything else counts as compute.
 _NON_COMPUTE = {
@@ -240,11 +251,16 @@ def _judge_call(
     tampered = ctx.integrity()
     if tampered:
         raise Rejected(tampered)
-    if ctx.kernel_calls() == calls_before:
-        raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
     changed = _inputs_changed(inputs, cand_in)
     if changed:
         raise Rejected(changed)
+    # Before the kernel count: a deferred output calls its kernel only when looked at.
+    if cfg.guards.plain_outputs:
+        problem = output_problem(out, cand_in)
+        if problem:
+            raise Rejected(problem)
+    if ctx.kernel_calls() == calls_before:
+        raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
     actual = tensors_of(out)
     if len(actual) != len(expected):
         return Comparison(False, f"returned {len(actual)} tensors, expected {len(expected)}", 0, 0, 0, ()), ref_ops, new_ops
@@ -296,19 +312,89 @@ def verify_after_timing(program: Program, cfg: EvalConfig, ctx: TrialContext, re
     return cmp
 
 
-def check_correctness(program: Program, cfg: EvalConfig, ctx: TrialContext, trials: int | None = None, first_seed: int | None = None) -> CorrectnessReport:
-    """Run the trials; raises Rejected for a hack, returns a report for right or wrong answers."""
+def _all_finite(value: Any) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors_of(value) if t.is_floating_point() or t.is_complex())
+
+
+def _distribution_skip(program: Program, ref_model: Any, seed: int, distribution: str) -> str:
+    """Why the reference itself is no judge on this distribution, or "" when it is."""
+    with torch.no_grad():
+        try:
+            redrawn = ref_model(*program.inputs(seed, distribution))
+        except Exception as exc:  # the reference may refuse values its task never feeds it
+            return f"the reference raised {type(exc).__name__} on it"
+        if _all_finite(redrawn):
+            return ""
+        if _all_finite(ref_model(*program.inputs(seed))):
+            return "the reference gives non-finite values on it"
+    return ""
+
+
+def check_distributions(program: Program, cfg: EvalConfig, ctx: TrialContext, first_seed: int) -> tuple[tuple[DistributionOutcome, ...], TrialOutcome | None]:
+    """One call per extra distribution, each with fresh weights; the first failure ends it."""
+    outcomes: list[DistributionOutcome] = []
+    for k, name in enumerate(cfg.guards.input_distributions):
+        seed = first_seed + 7_000_003 * (k + 1)
+        ref_model = program.reference(seed)
+        new_model = program.new_model(seed, reference=ref_model)
+        skipped = _distribution_skip(program, ref_model, seed, name)
+        if skipped:
+            outcomes.append(DistributionOutcome(name=name, passed=False, skipped=skipped))
+            continue
+        cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed, name), cfg, ctx, record_ops=False)
+        outcomes.append(DistributionOutcome(name=name, passed=cmp.passed))
+        if not cmp.passed:
+            reason = f"on inputs redrawn from {DISTRIBUTION_NAMES.get(name, name)} ({name}): {cmp.reason}"
+            return tuple(outcomes), _fail(-1, seed, reason, cmp)
+    return tuple(outcomes), None
+
+
+def kernel_share(program: Program, cfg: EvalConfig, reference_ops: set[str]) -> KernelShare:
+    """Profile the candidate's forward; raises Rejected when its kernels do almost none of the work."""
+    seed = cfg.seed + 9_000_011
+    ref_model = program.reference(seed)
+    model = program.new_model(seed, reference=ref_model)
+    arg_sets = [program.inputs(seed + k) for k in range(4)]
+    share = measure_kernel_share(model, arg_sets, program.device, frozenset(_NON_COMPUTE), reference_ops)
+    if share.judged_share < cfg.guards.min_kernel_share:
+        raise Rejected(
+            f"the candidate's own kernels do {share.judged_share:.1%} of its forward's compute time "
+            f"({share.custom_ms:.3f} ms, against {share.aten_ms:.3f} ms in PyTorch operators"
+            + (f" and {share.library_ms:.3f} ms in PyTorch matmul/convolution" if share.library_ms else "")
+            + f"); at least {cfg.guards.min_kernel_share:.0%} must be custom: do the work in your kernel, not beside it"
+        )
+    return share
+
+
+def check_correctness(
+    program: Program, cfg: EvalConfig, ctx: TrialContext, trials: int | None = None, first_seed: int | None = None, full: bool = True
+) -> CorrectnessReport:
+    """Run the trials; raises Rejected for a hack, returns a report for right or wrong answers.
+
+    `full` adds the extra input distributions and the kernel share (the re-verification of a
+    large speedup runs the plain trials only)."""
     n = trials or cfg.correctness_trials
     base = cfg.seed if first_seed is None else first_seed
     tol = cfg.tolerance("float32")
     assert tol is not None
     outcomes: list[TrialOutcome] = []
     torch_ops: set[str] = set()
+    reference_ops: set[str] = set()
+
+    def failed(outcome: TrialOutcome, trial: int | None, distributions: tuple[DistributionOutcome, ...] = ()) -> CorrectnessReport:
+        return CorrectnessReport(
+            passed=False, trials=n, atol=tol.atol, rtol=tol.rtol, failed_trial=trial, reason=outcome.reason,
+            max_abs_diff=outcome.max_abs_diff, mean_abs_diff=outcome.mean_abs_diff, rel_l2=outcome.rel_l2,
+            mismatches=outcome.mismatches, outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
+            distributions=distributions,
+        )
+
     for trial in range(n):
         seed = base + trial
         outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, ctx, record_ops=trial == 0)
         if trial == 0:
             torch_ops = new_ops
+            reference_ops = ref_ops
             if ref_ops and ref_ops <= new_ops:
                 raise Rejected(
                     "ModelNew runs every compute op of the reference ("
@@ -317,13 +403,18 @@ def check_correctness(program: Program, cfg: EvalConfig, ctx: TrialContext, tria
                 )
         outcomes.append(outcome)
         if not outcome.passed:
-            return CorrectnessReport(
-                passed=False, trials=n, atol=tol.atol, rtol=tol.rtol, failed_trial=trial, reason=outcome.reason,
-                max_abs_diff=outcome.max_abs_diff, mean_abs_diff=outcome.mean_abs_diff, rel_l2=outcome.rel_l2,
-                mismatches=outcome.mismatches, outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
-            )
+            return failed(outcome, trial)
+    distributions: tuple[DistributionOutcome, ...] = ()
+    share = None
+    if full:
+        distributions, bad = check_distributions(program, cfg, ctx, base)
+        if bad is not None:
+            return failed(bad, None, distributions)
+        if cfg.guards.min_kernel_share > 0:
+            share = kernel_share(program, cfg, reference_ops)
     return CorrectnessReport(
         passed=True, trials=n, atol=tol.atol, rtol=tol.rtol,
         max_abs_diff=max(o.max_abs_diff for o in outcomes), mean_abs_diff=sum(o.mean_abs_diff for o in outcomes) / n,
         rel_l2=max(o.rel_l2 for o in outcomes), outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
+        distributions=distributions, kernel_share=share,
     )

@@ -40,3 +40,13 @@ class JobReply(Frozen):
     stage_seconds: dict[str, float] = {}
     fatal: bool = False
     """The worker's state is unusable (a CUDA fault): the parent replaces it."""
+
+
+class StageFailed(Exception):
+    """A stage ended the evaluation with this status; becomes the job's reply."""
+
+    def __init__(self, status: EvalStatus, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.fatal = fatal

@@ -46,6 +46,20 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+DISTRIBUTION_SCALES = {"normal": 1.0, "normal_x4": 4.0}
+
+
+def redraw(value: Any, distribution: str) -> Any:
+    """Floating-point tensors drawn again from a signed standard normal times the distribution's scale."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(redraw(v, distribution) for v in value)
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return value
+    scale = DISTRIBUTION_SCALES[distribution]
+    drawn = torch.randn(value.shape, dtype=torch.float32, device=value.device).mul_(scale)
+    return drawn.to(value.dtype)
+
+
 def clone_args(args: list[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
@@ -74,11 +88,16 @@ class Program:
         with self.device:
             return to_device(list(self.task.get_init_inputs()), self.device)
 
-    def inputs(self, seed: int) -> list[Any]:
+    def inputs(self, seed: int, distribution: str = "task") -> list[Any]:
+        """`get_inputs()` from the seed; for another distribution its floating-point tensors are
+        redrawn (same shapes, dtypes and devices), integer and bool tensors kept as they are."""
         # Generated on the device itself, from the seed: no host-to-device copy of large inputs.
         torch.manual_seed(seed)
         with self.device:
-            return to_device(list(self.task.get_inputs()), self.device)
+            args = to_device(list(self.task.get_inputs()), self.device)
+            if distribution != "task":
+                args = [redraw(a, distribution) for a in args]
+        return args
 
     def reference(self, seed: int) -> nn.Module:
         init = self.init_inputs(seed)

@@ -77,6 +77,31 @@ class TrialOutcome(Frozen):
     mismatches: tuple[Mismatch, ...] = ()
 
 
+class DistributionOutcome(Frozen):
+    """One extra input distribution of the correctness check (see Guards.input_distributions)."""
+
+    name: str
+    passed: bool
+    skipped: str = ""
+    """Why it did not run: the reference itself raised or gave non-finite values on it."""
+
+
+class KernelShare(Frozen):
+    """Where the candidate's forward spends its compute time, from the profiler (ms per call)."""
+
+    custom_ms: float
+    """In the candidate's own compiled or Triton kernels (and anything they call)."""
+    aten_ms: float
+    """In PyTorch compute operators called from Python, other than matmul and convolution."""
+    library_ms: float
+    """In PyTorch matmul and convolution operators (cuBLAS/cuDNN/MKL) called from Python."""
+    share: float
+    """custom / (custom + aten + library): how much of the compute is custom."""
+    judged_share: float
+    """The share the guard judges: matmul and convolution left in PyTorch are not held against a
+    candidate when the reference does more than them (fusing around a library GEMM is legitimate)."""
+
+
 class CorrectnessReport(Frozen):
     passed: bool
     trials: int
@@ -91,14 +116,19 @@ class CorrectnessReport(Frozen):
     outcomes: tuple[TrialOutcome, ...] = ()
     torch_ops_in_candidate: tuple[str, ...] = ()
     """aten compute ops the candidate ran (custom kernels are not dispatcher ops)."""
+    distributions: tuple[DistributionOutcome, ...] = ()
+    """Extra input distributions tried after the task's own inputs passed."""
+    kernel_share: KernelShare | None = None
 
     def summary(self) -> str:
         if self.passed:
-            return f"passed {self.trials} trials (max |diff| {self.max_abs_diff:.3g})"
+            extra = [d.name for d in self.distributions if d.passed]
+            also = f" and on {', '.join(extra)} inputs" if extra else ""
+            return f"passed {self.trials} trials{also} (max |diff| {self.max_abs_diff:.3g})"
         where = "; ".join(
             f"at {list(m.index)} expected {m.expected:.6g} got {m.actual:.6g}" for m in self.mismatches[:3]
         )
-        head = f"trial {self.failed_trial}: {self.reason}"
+        head = f"trial {self.failed_trial}: {self.reason}" if self.failed_trial is not None else self.reason
         stats = f"max |diff| {self.max_abs_diff:.4g}, mean |diff| {self.mean_abs_diff:.4g}, rel L2 {self.rel_l2:.3g}"
         return f"{head} ({stats})" + (f"; {where}" if where else "")
 
@@ -124,6 +154,16 @@ class TimingReport(Frozen):
     suspicious: bool = False
     """Speedup above the re-verification threshold; extra correctness trials were run."""
     reverified_trials: int = 0
+    speedup_ci95: tuple[float, float] | None = None
+    """95% bootstrap interval of the speedup (ratio of medians, resampling both sides' trials)."""
+    fresh_inputs: bool = False
+    """Every timed call had input values no earlier call saw."""
+    checked_calls: tuple[int, ...] = ()
+    """Timed calls (0-based) whose outputs were compared with the reference afterwards."""
+    floor_ms: float | None = None
+    """Speed-of-light floor: the outputs' bytes at the device's peak bandwidth plus a launch."""
+    reference_roofline_ms: float | None = None
+    """Information only: the reference's bytes moved and FLOPs at the device's peaks."""
 
 
 class ProfileRow(Frozen):

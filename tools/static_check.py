@@ -603,6 +603,45 @@ def check_escapes(facts: Facts) -> list[str]:
     return found
 
 
+TENSOR_CLASSES = frozenset({"torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase", "torch.nn.Parameter"})
+INTERCEPT_METHODS = frozenset({"__torch_function__", "__torch_dispatch__"})
+SUBCLASS_BUILDERS = frozenset({"_make_subclass", "_make_wrapper_subclass", "as_subclass"})
+INTERCEPT_MODULES = ("torch.overrides", "torch.utils._python_dispatch", "torch._subclasses")
+
+
+def check_deferred_outputs(facts: Facts) -> list[str]:
+    """Tensor subclasses and operator interception: an output that computes when looked at."""
+    found = []
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if facts.resolve(base) in TENSOR_CLASSES:
+                    found.append(
+                        f"line {_line(base)}: class {node.name} subclasses {ast.unparse(base)}; a tensor subclass can "
+                        "defer the work until its values are read, so return plain tensors your kernel has filled"
+                    )
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in INTERCEPT_METHODS:
+            found.append(
+                f"line {_line(node)}: defines {node.name}, which intercepts PyTorch operators; "
+                "compute the output in your kernel during forward instead"
+            )
+    for path, stmt in facts.imports:
+        if path.startswith(INTERCEPT_MODULES):
+            found.append(
+                f"line {_line(stmt)}: imports {path}, which intercepts operators or builds tensor subclasses; "
+                "return plain tensors computed by your kernel"
+            )
+    for load in facts.loads:
+        path = facts.resolve(load)
+        attr = load.attr if isinstance(load, ast.Attribute) else None
+        if attr in SUBCLASS_BUILDERS or (path is not None and path.startswith(INTERCEPT_MODULES)):
+            found.append(
+                f"line {_line(load)}: uses {ast.unparse(load)}, which builds tensor subclasses or intercepts "
+                "operators; return plain tensors computed by your kernel"
+            )
+    return found
+
+
 def check_reference_use(facts: Facts) -> list[str]:
     model_new = _model_new(facts)
     bases = [b for b in model_new.bases if _names_model(b)] if model_new is not None else []
@@ -768,6 +807,7 @@ def check_candidate(source: str, backend: str = "cpp") -> StaticReport:
         *check_patching(facts),
         *check_escapes(facts),
         *check_reference_use(facts),
+        *check_deferred_outputs(facts),
     ]
     missing_kernel = check_has_kernel(facts, backend)
     rejections += missing_kernel

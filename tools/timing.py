@@ -2,23 +2,29 @@
 
 On CUDA each call sits between CUDA events, with a device-wide synchronize before the end event
 so that work a candidate put on another stream is counted, and an L2 flush before each trial.
-On CPU a monotonic clock. Each trial gets fresh clones of inputs, rotating between two seeded
-input sets, so an output cached across calls gains nothing.
+On CPU a monotonic clock. The caller supplies each call's arguments (fresh values per call, made
+before the clock starts) and may inspect each timed call's output after the clock stopped.
 """
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tools.programs import clone_args
 from tools.results import TimingStats
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times any current GPU's L2
+
+MakeArgs = Callable[[int], list[Any]]
+"""Arguments for call number i (warm-ups first, then timed calls)."""
+AfterCall = Callable[[int, list[Any], Any], None]
+"""Sees timed call i's arguments and output once its time is taken; may raise to end the timing."""
 
 
 def stats(samples_ms: list[float], clock: str) -> TimingStats:
@@ -33,6 +39,34 @@ def stats(samples_ms: list[float], clock: str) -> TimingStats:
     )
 
 
+@dataclass(frozen=True)
+class Timed:
+    stats: TimingStats
+    samples_ms: tuple[float, ...]
+
+
+def speedup_interval(reference_ms: tuple[float, ...], candidate_ms: tuple[float, ...], seed: int = 0) -> tuple[float, float] | None:
+    """95% bootstrap interval of median(reference) / median(candidate), resampling each side."""
+    if len(reference_ms) < 5 or len(candidate_ms) < 5 or min(candidate_ms) <= 0:
+        return None
+    try:
+        import numpy as np
+        from scipy.stats import bootstrap
+    except ImportError:  # scipy is a dependency; a stripped environment still gets its speedup
+        return None
+
+    def ratio(ref: Any, cand: Any, axis: int = -1) -> Any:
+        return np.median(ref, axis=axis) / np.median(cand, axis=axis)
+
+    # scipy before 1.15 names the generator random_state.
+    generator = {"rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state": np.random.default_rng(seed)}
+    result = bootstrap(
+        (np.asarray(reference_ms), np.asarray(candidate_ms)), ratio, paired=False, vectorized=True,
+        n_resamples=2000, confidence_level=0.95, method="percentile", **generator,
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
 class Timer:
     """Times callables on one device; holds the L2 flush buffer across calls."""
 
@@ -42,37 +76,44 @@ class Timer:
         if device.type == "cuda":
             self._flush = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
 
-    def time(self, fn: Callable[..., Any], input_sets: list[list[Any]], warmup: int, trials: int) -> TimingStats:
+    def time(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None = None) -> Timed:
         with torch.no_grad():
             for i in range(warmup):
-                fn(*clone_args(input_sets[i % len(input_sets)]))
+                fn(*make_args(i))
             if self.device.type == "cuda":
-                return self._time_cuda(fn, input_sets, trials)
-            return self._time_cpu(fn, input_sets, trials)
+                samples = self._time_cuda(fn, make_args, warmup, trials, after_call)
+                return Timed(stats(samples, "cuda-events"), tuple(samples))
+            samples = self._time_cpu(fn, make_args, warmup, trials, after_call)
+            return Timed(stats(samples, "monotonic"), tuple(samples))
 
-    def _time_cpu(self, fn: Callable[..., Any], input_sets: list[list[Any]], trials: int) -> TimingStats:
+    def _time_cpu(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None) -> list[float]:
         samples = []
         for i in range(trials):
-            args = clone_args(input_sets[i % len(input_sets)])
+            args = make_args(warmup + i)
             start = time.perf_counter_ns()
-            fn(*args)
+            out = fn(*args)
             samples.append((time.perf_counter_ns() - start) / 1e6)
-            del args
-        return stats(samples, "monotonic")
+            if after_call is not None:
+                after_call(i, args, out)
+            del args, out
+        return samples
 
-    def _time_cuda(self, fn: Callable[..., Any], input_sets: list[list[Any]], trials: int) -> TimingStats:
+    def _time_cuda(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None) -> list[float]:
         assert self._flush is not None
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         torch.cuda.synchronize(self.device)
         for i in range(trials):
-            args = clone_args(input_sets[i % len(input_sets)])
+            args = make_args(warmup + i)
             self._flush.zero_()
             torch.cuda.synchronize(self.device)
             starts[i].record()
-            fn(*args)
+            out = fn(*args)
             torch.cuda.synchronize(self.device)
             ends[i].record()
-            del args
+            if after_call is not None:
+                # Queued after the end event: checking a call never adds to its time.
+                after_call(i, args, out)
+            del args, out
         torch.cuda.synchronize(self.device)
-        return stats([s.elapsed_time(e) for s, e in zip(starts, ends)], "cuda-events")
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]

@@ -24,6 +24,7 @@ import structlog
 
 import tools
 from tools import sandbox
+from tools.faults import cuda_fault_in
 from tools.jobs import EvalJob, JobReply
 from tools.results import EvalStatus
 
@@ -184,10 +185,10 @@ class Worker:
                         self.kill(reason="fatal")
                     return reply, printed
                 printed = sandbox.tail(self.log_path)
-                return self._died(), printed
+                return self._died(printed), printed
             if not self.alive:
                 printed = sandbox.tail(self.log_path)
-                return self._died(), printed
+                return self._died(printed), printed
             if sandbox.tree_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
                 printed = sandbox.tail(self.log_path)
                 self.kill(reason="memory")
@@ -198,7 +199,7 @@ class Worker:
                 self.kill(reason="timeout")
                 return JobReply(failure=EvalStatus.TIMEOUT, message=f"no result within {timeout_s:.0f} s; the worker was killed"), printed
 
-    def _died(self) -> JobReply:
+    def _died(self, printed: str = "") -> JobReply:
         assert self.proc is not None
         try:
             code = self.proc.wait(timeout=5)
@@ -215,6 +216,11 @@ class Worker:
             if sig is signal.SIGXFSZ:
                 return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate wrote more output than allowed")
             return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the worker crashed with {sig.name} (e.g. a segmentation fault in the kernel)")
+        fault = cuda_fault_in(printed)
+        if fault:
+            # The CUDA runtime can end the process itself after a fault (exit code 1, no exception
+            # reaching the worker's handler); its last words name the fault.
+            return JobReply(failure=EvalStatus.CUDA_FAULT, message=f"the worker died after a CUDA fault (exit code {code}): {fault}")
         return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the worker exited unexpectedly with code {code}")
 
     def kill(self, reason: str) -> None:

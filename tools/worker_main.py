@@ -22,27 +22,24 @@ import torch
 from tools import sandbox
 from tools.compile_cache import CompileCache, CompileFailed, CompileLedger
 from tools.config import EvalConfig
+from tools.faults import CUDA_FAULT_MARKERS, OOM_MARKERS
 from tools.correctness import Rejected, TrialContext, check_correctness, verify_after_timing
-from tools.jobs import EvalJob, JobReply
+from tools.jobs import EvalJob, JobReply, StageFailed
 from tools.profiling import profile_forward
 from tools.programs import Program, import_source, source_hash
-from tools.results import CompileReport, EvalStatus, Stage, TimingReport, TimingStats
+from tools.results import CompileReport, EvalStatus, Stage, TimingReport
 from tools.timing import Timer
+from tools.timing_stage import Baseline, time_candidate
 
-_CUDA_FAULT_MARKERS = (
-    "illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure",
-    "misaligned address", "CUBLAS_STATUS_EXECUTION_FAILED", "an illegal instruction",
-)
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
 
 
 def classify(exc: BaseException) -> tuple[EvalStatus, bool]:
     """Status for an exception raised by candidate code, and whether the worker is now unusable."""
     text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in _OOM_MARKERS):
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MARKERS):
         return EvalStatus.OOM, False
     accel_error = getattr(torch, "AcceleratorError", None)
-    if (accel_error is not None and isinstance(exc, accel_error)) or any(m in text for m in _CUDA_FAULT_MARKERS):
+    if (accel_error is not None and isinstance(exc, accel_error)) or any(m in text for m in CUDA_FAULT_MARKERS):
         return EvalStatus.CUDA_FAULT, True
     return EvalStatus.RUNTIME_ERROR, False
 
@@ -123,16 +120,8 @@ class WorkerState:
     cache: CompileCache
     integrity: Integrity
     loaded: dict[str, Loaded] = field(default_factory=dict)
-    baselines: dict[tuple[Any, ...], tuple[TimingStats, TimingStats | None]] = field(default_factory=dict)
+    baselines: dict[tuple[Any, ...], Baseline] = field(default_factory=dict)
     timer: Timer | None = None
-
-
-class StageFailed(Exception):
-    def __init__(self, status: EvalStatus, message: str, fatal: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.fatal = fatal
 
 
 def _load(state: WorkerState, job: EvalJob) -> Loaded:
@@ -184,41 +173,25 @@ def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
     program = loaded.program
     if state.timer is None:
         state.timer = Timer(state.device)
-    timer = state.timer
     ref_model = program.reference(cfg.seed)
     new_model = program.new_model(cfg.seed, reference=ref_model)
-    input_sets = [program.inputs(cfg.seed + 1_000_003), program.inputs(cfg.seed + 2_000_003)]
     baseline_key = (source_hash(job.task_source), cfg.warmup, cfg.trials, cfg.time_compiled_reference, cfg.seed)
-    if baseline_key not in state.baselines:
-        reference = timer.time(ref_model, input_sets, cfg.warmup, cfg.trials)
-        compiled = None
-        if cfg.time_compiled_reference:
-            try:
-                compiled = timer.time(torch.compile(ref_model), input_sets, max(cfg.warmup, 1), cfg.trials)
-            except Exception as exc:  # torch.compile can fail on a machine without a toolchain
-                print(f"torch.compile of the reference failed, no compiled baseline: {exc}", file=sys.stderr)
-        state.baselines[baseline_key] = (reference, compiled)
-    reference, compiled = state.baselines[baseline_key]
-    candidate = timer.time(new_model, input_sets, cfg.warmup, cfg.trials)
+    report, _ = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key)
     tampered = state.integrity.check()
     if tampered:
         raise StageFailed(EvalStatus.REJECTED, tampered)
     after = verify_after_timing(program, cfg, _context(state, loaded), ref_model, new_model, cfg.seed + 3_000_003)
     if not after.passed:
         raise StageFailed(EvalStatus.INCORRECT, f"after timing, on new inputs: {after.reason} (is an output cached across calls?)")
-    speedup = reference.median / candidate.median if candidate.median > 0 else float("inf")
-    reverified = 0
-    if speedup > cfg.reverify_speedup:
+    if report.speedup > cfg.reverify_speedup:
         # An implausible speedup is checked again on new seeds before it is believed.
-        again = check_correctness(program, cfg, _context(state, loaded), trials=cfg.reverify_trials, first_seed=cfg.seed + 10_000)
+        again = check_correctness(
+            program, cfg, _context(state, loaded), trials=cfg.reverify_trials, first_seed=cfg.seed + 10_000, full=False
+        )
         if not again.passed:
-            raise StageFailed(EvalStatus.INCORRECT, f"speedup {speedup:.1f}x failed re-verification: {again.summary()}")
-        reverified = cfg.reverify_trials
-    return TimingReport(
-        candidate=candidate, reference=reference, reference_compiled=compiled, speedup=speedup,
-        speedup_vs_compiled=(compiled.median / candidate.median) if compiled and candidate.median > 0 else None,
-        suspicious=speedup > cfg.reverify_speedup, reverified_trials=reverified,
-    )
+            raise StageFailed(EvalStatus.INCORRECT, f"speedup {report.speedup:.1f}x failed re-verification: {again.summary()}")
+        report = report.model_copy(update={"suspicious": True, "reverified_trials": cfg.reverify_trials})
+    return report
 
 
 def run_job(state: WorkerState, job: EvalJob) -> JobReply:
@@ -260,6 +233,21 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
     return JobReply(stage_seconds=seconds, **parts)
 
 
+def _release_device_memory(reply: JobReply) -> JobReply:
+    """Give cached blocks back (other workers on the same GPU need the memory). A fault the
+    candidate left behind surfaces here at the latest: it is the job's status, not a dead worker."""
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception as exc:  # whatever the runtime raises after a fault is the candidate's doing
+        status, _ = classify(exc)
+        if status is EvalStatus.CUDA_FAULT and not reply.fatal:
+            return reply.model_copy(update={"failure": status, "message": f"after the job: {describe(exc)}", "fatal": True})
+        if not reply.fatal:
+            return reply.model_copy(update={"fatal": True})
+    return reply
+
+
 def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> None:
     conn.send("ready")
     while True:
@@ -276,8 +264,7 @@ def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> N
         sandbox.limit_cpu_seconds(cpu_seconds_per_job)
         reply = run_job(state, job)
         if state.device.type == "cuda":
-            # Give cached blocks back: other workers on the same GPU need the memory.
-            torch.cuda.empty_cache()
+            reply = _release_device_memory(reply)
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send(reply)

@@ -1,0 +1,191 @@
+"""The guards against stale, aliased, deferred and decoy outputs, on real C++ candidates.
+
+Each test names the guard that fired by its message, not only the status.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import hacks
+from candidates import candidate, task_source
+
+from tools.config import EvalConfig, Guards
+from tools.evaluator import Evaluator
+from tools.jobs import TaskProgram
+from tools.results import EvalStatus, Stage
+
+CORRECT = "return ext.relu_fwd(x)"
+RUNTIME_ONLY = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
+"""Past the static check: what the worker itself catches."""
+
+@pytest.fixture(scope="module")
+def evaluator(cpu_config: EvalConfig) -> Iterator[Evaluator]:
+    with Evaluator(cpu_config) as ev:
+        yield ev
+
+
+@pytest.fixture(scope="module")
+def rand_relu_task() -> TaskProgram:
+    return TaskProgram(name="relu_rand", source=task_source("relu_rand_task"))
+
+
+def test_correct_kernel_records_the_new_guards(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    result = evaluator.evaluate(relu_task, candidate(CORRECT))
+    assert result.status is EvalStatus.CORRECT, result.message
+    correctness, timing = result.correctness, result.timing
+    assert correctness is not None and timing is not None
+    assert [(d.name, d.passed) for d in correctness.distributions] == [("normal", True), ("normal_x4", True)]
+    assert "and on normal, normal_x4 inputs" in correctness.summary()
+    share = correctness.kernel_share
+    assert share is not None and share.share > 0.9 and share.custom_ms > 0
+    assert timing.fresh_inputs
+    # Eight calls drawn at random and the last one (of 10) were compared with the reference.
+    assert len(timing.checked_calls) == 9 and timing.checked_calls[-1] == timing.candidate.trials - 1
+    assert timing.floor_ms is not None and 0 < timing.floor_ms < timing.candidate.median
+    assert timing.reference_roofline_ms is not None and timing.reference_roofline_ms > 0
+    assert timing.speedup_ci95 is not None
+    low, high = timing.speedup_ci95
+    assert low <= timing.speedup <= high
+
+
+def test_content_memo_gains_nothing_from_fresh_inputs(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
+    """Guard: fresh inputs per timed call. With two rotating input sets (the guard off) a memo
+    keyed by a few input values hits on every timed call; with fresh values it never does."""
+    rotating = cpu_config.model_copy(update={"guards": Guards(fresh_inputs=False)})
+    with Evaluator(cpu_config) as ev:
+        honest = ev.evaluate(relu_task, candidate(hacks.SLOW))
+        guarded = ev.evaluate(relu_task, hacks.content_memo(candidate))
+    with Evaluator(rotating) as ev:
+        unguarded = ev.evaluate(relu_task, hacks.content_memo(candidate))
+    timings = []
+    for result in (honest, guarded, unguarded):
+        assert result.status is EvalStatus.CORRECT, result.message
+        assert result.timing is not None
+        timings.append(result.timing)
+    honest_t, guarded_t, unguarded_t = timings
+    assert guarded_t.fresh_inputs and not unguarded_t.fresh_inputs
+    assert guarded_t.candidate.median > 0.5 * honest_t.candidate.median, "the memo hit although every call had fresh inputs"
+    assert unguarded_t.candidate.median < 0.3 * honest_t.candidate.median, "rotating inputs should have let the memo hit"
+
+
+def test_pointer_memo_gains_nothing(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
+    """Guard: every timed output compared with the reference for its own inputs (all calls checked
+    here). A memo keyed by the input's address hits whenever the allocator hands the next call's
+    input the same memory: then that call is named. glibc may never reuse the address; then the
+    memo never hit, and the candidate is as slow as its honest kernel."""
+    every_call = cpu_config.model_copy(update={"guards": Guards(checked_timed_calls=cpu_config.trials)})
+    with Evaluator(every_call) as ev:
+        honest = ev.run(relu_task, candidate(hacks.SLOW), RUNTIME_ONLY)
+        memo = ev.run(relu_task, hacks.pointer_memo(candidate), RUNTIME_ONLY)
+    assert honest.status is EvalStatus.CORRECT and honest.timing is not None, honest.message
+    if memo.status is EvalStatus.INCORRECT:
+        assert "second call of the same model" in memo.message or "returned a wrong output for its own inputs" in memo.message
+    else:
+        assert memo.status is EvalStatus.CORRECT and memo.timing is not None, memo.message
+        assert len(memo.timing.checked_calls) == cpu_config.trials
+        assert memo.timing.candidate.median > 0.5 * honest.timing.candidate.median, "a stale memo hit went unchecked"
+
+
+def test_output_reused_across_timed_calls_fails_and_names_the_call(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    """Guard: timed outputs checked. Correct for two calls an instance (all the correctness trials
+    make), then the same output again from its third call (the second timed one) on: the last timed
+    call is always among those checked."""
+    result = evaluator.run(relu_task, hacks.stale_after_two_calls(candidate), RUNTIME_ONLY)
+    assert result.status is EvalStatus.INCORRECT, result.message
+    assert re.search(r"timed call ([2-9]|10) of 10 returned a wrong output for its own inputs", result.message), result.message
+    assert result.correctness is not None and result.correctness.passed
+
+
+def test_identity_on_non_negative_inputs_fails_on_signed_inputs(evaluator: Evaluator, rand_relu_task: TaskProgram) -> None:
+    """Guard: other input distributions. The task's torch.rand inputs never go below zero."""
+    result = evaluator.evaluate(rand_relu_task, hacks.identity(candidate))
+    assert result.status is EvalStatus.INCORRECT, result.message
+    assert "on inputs redrawn from a signed standard normal (normal)" in result.message
+    report = result.correctness
+    assert report is not None and report.failed_trial is None
+    assert all(o.passed for o in report.outcomes) and len(report.outcomes) == 5, "the task's own inputs all passed"
+    assert [(d.name, d.passed) for d in report.distributions] == [("normal", False)]
+
+
+def test_identity_passes_with_the_distributions_switched_off(cpu_config: EvalConfig, rand_relu_task: TaskProgram) -> None:
+    # The setting exists for ablations, and the result says it was off.
+    off = cpu_config.model_copy(update={"guards": Guards(input_distributions=())})
+    with Evaluator(off) as ev:
+        result = ev.run(rand_relu_task, hacks.identity(candidate), (Stage.COMPILE, Stage.CORRECTNESS))
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert result.correctness is not None and result.correctness.distributions == ()
+
+
+def test_returned_input_is_rejected(evaluator: Evaluator, rand_relu_task: TaskProgram) -> None:
+    result = evaluator.evaluate(rand_relu_task, hacks.returned_input(candidate))
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "the output shares memory with input 0" in result.message
+
+
+def test_returned_view_of_an_input_is_rejected(evaluator: Evaluator, rand_relu_task: TaskProgram) -> None:
+    result = evaluator.evaluate(rand_relu_task, hacks.returned_view(candidate))
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "the output shares memory with input 0" in result.message
+
+
+def test_deferred_tensor_subclass_is_rejected_statically(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    result = evaluator.evaluate(relu_task, hacks.lazy(candidate))
+    assert result.status is EvalStatus.REJECTED
+    assert "class Lazy subclasses torch.Tensor" in result.message
+    assert "defines __torch_function__" in result.message
+
+
+def test_deferred_tensor_subclass_is_rejected_at_run_time(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    result = evaluator.run(relu_task, hacks.lazy(candidate), RUNTIME_ONLY)
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "Lazy, a subclass of torch.Tensor" in result.message and "deferred or lazy outputs" in result.message
+
+
+def test_decoy_kernel_beside_a_substitute_torch_op_is_rejected_by_its_kernel_share(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    # clamp is not the reference's relu, so the wrapper check lets it by; the kernel share does not.
+    result = evaluator.evaluate(relu_task, hacks.decoy_beside_clamp(candidate))
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "the candidate's own kernels do" in result.message and "of its forward's compute time" in result.message
+    assert "at least 10% must be custom" in result.message
+
+
+def test_worker_dying_after_a_cuda_fault_is_a_cuda_fault(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    """The CUDA runtime can end the process itself after an illegal access (exit code 1); its last
+    words name the fault. Simulated on CPU with the same words and the same exit."""
+    dies = candidate(
+        "ext.touch(x)\nprint('CUDA error: an illegal memory access was encountered', file=sys.stderr, flush=True)\nos._exit(1)",
+        prelude="import os\nimport sys\n",
+    )
+    starts = evaluator.worker.starts
+    result = evaluator.run(relu_task, dies, RUNTIME_ONLY)
+    assert result.status is EvalStatus.CUDA_FAULT, result.message
+    assert "the worker died after a CUDA fault (exit code 1): CUDA error: an illegal memory access" in result.message
+    assert evaluator.evaluate(relu_task, candidate(CORRECT)).status is EvalStatus.CORRECT
+    assert evaluator.worker.starts == starts + 1
+
+
+def test_speed_of_light_floor_retimes_then_rejects(monkeypatch: pytest.MonkeyPatch, cpu_config: EvalConfig, tmp_path: Path) -> None:
+    """In-process, with the device's peak bandwidth set absurdly low, an honest candidate falls
+    below the floor: it is timed again with every output checked, then rejected with the figures."""
+    from tools import roofline, timing_stage
+    from tools.correctness import Rejected
+    from tools.programs import Program, import_source
+    from tools.timing import Timer
+
+    monkeypatch.setattr(roofline, "peaks", lambda device: (1.0, 1.0, 0.0))
+    monkeypatch.setattr(timing_stage, "peaks", lambda device: (1.0, 1.0, 0.0))
+    task = import_source(task_source("small_relu_task"), "task", tmp_path)
+    honest = import_source(
+        "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x) * 1e-3\n",
+        "candidate", tmp_path,
+    )
+    program = Program(task, honest, torch.device("cpu"))
+    ref, new = program.reference(0), program.new_model(0)
+    with pytest.raises(Rejected, match=r"below the speed-of-light floor of .* also when timed again on fresh inputs with every output checked"):
+        timing_stage.time_candidate(Timer(torch.device("cpu")), program, cpu_config, ref, new, {}, ("k",))
+

@@ -1,0 +1,173 @@
+"""The timing stage: reference, torch.compile and candidate timed alike, each call on fresh inputs,
+with the outputs of timed calls checked.
+
+- Every warm-up and timed call of either side gets input values that no earlier call saw (the same
+  sequence of seeds for both sides), made before the clock starts: a memo keyed by input content or
+  by pointer never hits, so it buys no speed.
+- Each timed output must be a plain tensor over memory of its own (checked on every call, no data
+  read), and the outputs of a few timed calls drawn at random, and of the last one, are compared with
+  the reference on those calls' own inputs: a candidate stale or wrong while timed fails, named.
+- A candidate faster than writing its outputs at the device's peak bandwidth is timed again with
+  every output checked; still below that floor, it is rejected.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tools.config import EvalConfig
+from tools.correctness import Rejected, compare
+from tools.jobs import StageFailed
+from tools.output_guards import output_problem
+from tools.programs import Program, clone_args, tensors_of
+from tools.results import EvalStatus, TimingReport, TimingStats
+from tools.roofline import nbytes, output_floor_ms, peaks, reference_roofline_ms
+from tools.timing import MakeArgs, Timed, Timer, speedup_interval
+
+_SEED_STRIDE = 7919
+_FIRST_TIMING_SEED = 50_000_017
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The reference's timings for one task and setting, reused across candidates in a worker."""
+
+    reference: Timed
+    compiled: TimingStats | None
+    roofline_ms: float | None
+
+
+def call_seed(cfg: EvalConfig, call: int) -> int:
+    return cfg.seed + _FIRST_TIMING_SEED + _SEED_STRIDE * call
+
+
+def args_for_calls(program: Program, cfg: EvalConfig) -> MakeArgs:
+    """Fresh inputs per call; with the guard off, clones of two rotating sets (as before it)."""
+    if cfg.guards.fresh_inputs:
+        return lambda call: program.inputs(call_seed(cfg, call))
+    sets = [program.inputs(cfg.seed + 1_000_003), program.inputs(cfg.seed + 2_000_003)]
+    return lambda call: clone_args(sets[call % len(sets)])
+
+
+@dataclass
+class TimedOutputCheck:
+    """After each timed call: the output's type and memory; for the drawn calls, its values."""
+
+    program: Program
+    cfg: EvalConfig
+    ref_model: Any
+    make_args: MakeArgs
+    """The same arguments the timed call had, made again (from the same seed, or the same set)."""
+    warmup: int
+    trials: int
+    checked: frozenset[int]
+    output_bytes: int = 0
+    seen: list[int] = field(default_factory=list)
+
+    @classmethod
+    def drawn(
+        cls, program: Program, cfg: EvalConfig, ref_model: Any, make_args: MakeArgs, warmup: int, trials: int, every: bool = False
+    ) -> TimedOutputCheck:
+        k = cfg.guards.checked_timed_calls
+        if every:
+            checked = frozenset(range(trials))
+        elif k == 0:
+            checked = frozenset()
+        else:
+            # Drawn from the OS, not from a generator the candidate's process could read or reseed.
+            draw = random.SystemRandom().sample(range(trials - 1), min(k, trials - 1)) if trials > 1 else []
+            checked = frozenset([*draw, trials - 1])
+        return cls(program, cfg, ref_model, make_args, warmup, trials, checked)
+
+    def __call__(self, i: int, args: list[Any], out: Any) -> None:
+        self.output_bytes = nbytes(out)
+        if self.cfg.guards.plain_outputs:
+            problem = output_problem(out, args)
+            if problem:
+                raise Rejected(f"timed call {i + 1} of {self.trials}: {problem}")
+        if i not in self.checked:
+            return
+        actual = [t.detach().clone() for t in tensors_of(out)]
+        inputs = self.make_args(self.warmup + i)
+        with torch.no_grad():
+            expected = tensors_of(self.ref_model(*inputs))
+        self.seen.append(i)
+        problem = ""
+        if len(actual) != len(expected):
+            problem = f"returned {len(actual)} tensors, expected {len(expected)}"
+        for k, (exp, act) in enumerate(zip(expected, actual)):
+            cmp = compare(exp, act, self.cfg, which="output" if len(expected) == 1 else f"output {k}")
+            if not cmp.passed:
+                problem = cmp.reason
+                break
+        if problem:
+            raise StageFailed(
+                EvalStatus.INCORRECT,
+                f"timed call {i + 1} of {self.trials} returned a wrong output for its own inputs: {problem} "
+                "(is an output reused across calls, or left unfinished while timed?)",
+            )
+
+
+def _baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, make_args: MakeArgs) -> Baseline:
+    reference = timer.time(ref_model, make_args, cfg.warmup, cfg.trials)
+    compiled = None
+    if cfg.time_compiled_reference:
+        try:
+            compiled = timer.time(torch.compile(ref_model), make_args, max(cfg.warmup, 1), cfg.trials).stats
+        except Exception as exc:  # torch.compile can fail on a machine without a toolchain
+            print(f"torch.compile of the reference failed, no compiled baseline: {exc}", file=sys.stderr)
+    try:
+        roofline = reference_roofline_ms(ref_model, program.inputs(cfg.seed + 1_000_003), program.device)
+    except Exception as exc:  # information only: an op the counter cannot follow leaves it unknown
+        print(f"no roofline for the reference: {exc}", file=sys.stderr)
+        roofline = None
+    return Baseline(reference=reference, compiled=compiled, roofline_ms=roofline)
+
+
+def time_candidate(
+    timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, baselines: dict[tuple[Any, ...], Baseline], baseline_key: tuple[Any, ...]
+) -> tuple[TimingReport, TimedOutputCheck]:
+    """Time both sides; raises Rejected or StageFailed when a guard fires."""
+    make_args = args_for_calls(program, cfg)
+    key = (*baseline_key, cfg.guards.fresh_inputs)
+    if key not in baselines:
+        baselines[key] = _baseline(timer, program, cfg, ref_model, make_args)
+    base = baselines[key]
+    check = TimedOutputCheck.drawn(program, cfg, ref_model, make_args, cfg.warmup, cfg.trials)
+    candidate = timer.time(new_model, make_args, cfg.warmup, cfg.trials, after_call=check)
+    floor = None
+    if cfg.guards.speed_of_light:
+        floor = output_floor_ms(check.output_bytes, program.device)
+        if candidate.stats.median < floor:
+            _below_floor(timer, program, cfg, ref_model, new_model, make_args, floor)
+    ref = base.reference.stats
+    cand = candidate.stats
+    speedup = ref.median / cand.median if cand.median > 0 else float("inf")
+    compiled = base.compiled
+    return TimingReport(
+        candidate=cand, reference=ref, reference_compiled=compiled, speedup=speedup,
+        speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 else None,
+        speedup_ci95=speedup_interval(base.reference.samples_ms, candidate.samples_ms, seed=cfg.seed),
+        fresh_inputs=cfg.guards.fresh_inputs, checked_calls=tuple(sorted(check.seen)), floor_ms=floor,
+        reference_roofline_ms=base.roofline_ms,
+    ), check
+
+
+def _below_floor(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, make_args: MakeArgs, floor: float) -> None:
+    """Timed below the speed of light: again on fresh inputs, every output checked; still below, rejected."""
+    trials = min(cfg.trials, 20)
+    strict = TimedOutputCheck.drawn(program, cfg, ref_model, make_args, cfg.warmup, trials, every=True)
+    again = timer.time(new_model, make_args, cfg.warmup, trials, after_call=strict)
+    if again.stats.median >= floor:
+        return
+    bandwidth, _, _ = peaks(program.device)
+    raise Rejected(
+        f"timed at {again.stats.median * 1e3:.2f} us per call, below the speed-of-light floor of {floor * 1e3:.2f} us "
+        f"(writing its {strict.output_bytes / 1e6:.3g} MB of outputs at {bandwidth / 1e12:.3g} TB/s, with slack, plus a "
+        f"launch), also when timed again on fresh inputs with every output checked: the work escapes the timer"
+    )
