@@ -19,42 +19,14 @@ import time
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
 
 from bench.tasks import SuiteError, Task, load_suite, resolve_suite
+from tools.roofline import OpCost
 
 H200_BYTES_PER_S = 4.3e12
 FP32_FLOPS_PER_S = 50e12
 """Matmuls: torch keeps TF32 off for them by default, so they run on the fp32 cores."""
-CONV_FLOPS_PER_S = 400e12
-"""cuDNN convolutions may use TF32 by default (torch.backends.cudnn.allow_tf32)."""
-_CONV_OPS = {torch.ops.aten.convolution, torch.ops.aten._convolution}
-
-
-class _OpCost(TorchDispatchMode):
-    """Adds up bytes moved and FLOPs of every non-view aten op."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes = 0
-        self.flops = 0
-        self.seconds = 0.0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.is_view:
-            return out
-        moved = sum(_nbytes(t) for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-        packet = func.overloadpacket
-        flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
-        rate = CONV_FLOPS_PER_S if packet in _CONV_OPS else FP32_FLOPS_PER_S
-        self.bytes += moved
-        self.flops += flops
-        self.seconds += max(moved / H200_BYTES_PER_S, flops / rate)
-        return out
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -96,18 +68,20 @@ def reference_ms(task: Task, device: str, repeats: int, budget_s: float) -> tupl
 
 
 def gpu_estimate(task: Task) -> dict[str, float]:
+    """Bytes and FLOPs of the reference at its GPU size, counted on the meta device (nothing is
+    allocated). Raises where the forward needs real values (`.item()`, data-dependent shapes)."""
     program = _program(task, "cuda")
     with torch.device("meta"):
         model = program["Model"](*program["get_init_inputs"]())
         inputs = program["get_inputs"]()
-        with torch.no_grad(), _OpCost() as cost:
+        with torch.no_grad(), OpCost() as cost:
             model(*inputs)
     input_bytes = sum(_nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
     return {
         "input_gb": input_bytes / 1e9,
         "traffic_gb": cost.bytes / 1e9,
         "gflop": cost.flops / 1e9,
-        "est_ms": cost.seconds * 1e3,
+        "est_ms": max(cost.bytes / H200_BYTES_PER_S, cost.flops / FP32_FLOPS_PER_S) * 1e3,
     }
 
 
@@ -141,14 +115,25 @@ def main(argv: list[str] | None = None) -> None:
     header = f"{'task':<{width}}  " + "  ".join(f"{c:>7}" for c in columns)
     print(header)
     print("-" * len(header))
+    failed = 0
     for task in tasks:
-        wall_ms, thread_ms = reference_ms(task, args.device, args.repeats, args.budget)
-        gpu = gpu_estimate(task)
-        print(
-            f"{task.key:<{width}}  {wall_ms:7.1f}  {thread_ms:7.1f}  {gpu['input_gb']:9.2f}  "
-            f"{gpu['traffic_gb']:10.2f}  {gpu['gflop']:7.1f}  {gpu['est_ms']:7.2f}",
-            flush=True,
-        )
+        # A task that cannot run here (memory, a missing package, a forward that needs real values on
+        # the meta device) is a row with its reason, never the end of the listing.
+        try:
+            wall_ms, thread_ms = reference_ms(task, args.device, args.repeats, args.budget)
+        except Exception as exc:  # any error of the task's own code is that task's row
+            failed += 1
+            print(f"{task.key:<{width}}  reference failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}", flush=True)
+            continue
+        try:
+            gpu = gpu_estimate(task)
+            estimate = (
+                f"{gpu['input_gb']:9.2f}  {gpu['traffic_gb']:10.2f}  {gpu['gflop']:7.1f}  {gpu['est_ms']:7.2f}"
+            )
+        except Exception as exc:  # the meta-device count is an estimate; the timing above stands
+            estimate = f"no estimate: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+        print(f"{task.key:<{width}}  {wall_ms:7.1f}  {thread_ms:7.1f}  {estimate}", flush=True)
+    print(f"{len(tasks) - failed} of {len(tasks)} tasks ran")
 
 
 if __name__ == "__main__":
