@@ -69,6 +69,7 @@ def main_options(
 ) -> None:
     """LLM kernel refinement with an honest evaluator."""
 
+
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
 RoundsOpt = Annotated[Optional[int], typer.Option("--rounds", help="beam: rounds (default 3)")]
 IdeasOpt = Annotated[Optional[int], typer.Option("--ideas", help="beam: ideas K per seed kernel and round (default 3)")]
@@ -112,7 +113,7 @@ def _read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise InputFileError(f"{what} {path} is not UTF-8 text (byte {exc.start}); give a Python source file") from exc
+        raise InputFileError(f"{what} {path} is not UTF-8 text (byte {exc.start}); give a text file") from exc
     except OSError as exc:
         raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
 

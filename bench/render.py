@@ -23,7 +23,7 @@ def speedup_text(timing: TimingReport) -> str:
     """`1.23x`, with the evaluator's 95% interval when the result carries one (older ones do not)."""
     interval = getattr(timing, "speedup_ci95", None)
     if interval:
-        return f"{timing.speedup:.2f}x (95% interval {interval[0]:.2f}–{interval[1]:.2f}x)"
+        return f"{timing.speedup:.2f}x (95% interval {interval[0]:.3g}–{interval[1]:.3g}x)"
     return f"{timing.speedup:.2f}x"
 
 
@@ -62,7 +62,7 @@ def turn_line(attempt: Attempt, turns: int) -> Text:
         timing = attempt.result.timing
         interval = getattr(timing, "speedup_ci95", None) if timing is not None else None
         if interval:
-            detail += f" [95% {interval[0]:.2f}–{interval[1]:.2f}x]"
+            detail += f" [95% {interval[0]:.3g}–{interval[1]:.3g}x]"
     elif attempt.extract_error:
         detail = attempt.extract_error
     seconds = sum(attempt.phase_seconds.values())
@@ -79,7 +79,7 @@ def print_trajectory_end(console: Console, result: TrajectoryResult | StrategyRe
         console.print(f"[bold]no correct kernel[/] in {result.turns} turns ({cost})")
     else:
         interval = getattr(best.result.timing, "speedup_ci95", None) if best.result is not None and best.result.timing else None
-        shown = f"{best.speedup:.2f}x" + (f" (95% interval {interval[0]:.2f}–{interval[1]:.2f}x)" if interval else "")
+        shown = f"{best.speedup:.2f}x" + (f" (95% interval {interval[0]:.3g}–{interval[1]:.3g}x)" if interval else "")
         console.print(f"[bold green]best: turn {best.turn}, speedup {shown}[/] ({cost})")
     traces = getattr(result, "traces", (result.trace,))
     console.print("trace: " + ", ".join(str(p) for p in traces), highlight=False)
