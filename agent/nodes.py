@@ -69,7 +69,7 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
     cfg = ctx.config
     turn = state.get("turn", 0) + 1
     attempts = state.get("attempts", [])
-    tol = cfg.eval.tolerance("float32")
+    tol = cfg.eval.precision_tolerance
     messages = build_messages(
         task=state["task"],
         backend=cfg.eval.kernel_backend,
@@ -78,7 +78,7 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
         turns=cfg.loop.turns,
         previous=attempts[-1] if attempts else None,
         hardware=ctx.hardware if cfg.loop.hardware_prompt else None,
-        tolerance=tol.rtol if tol else 1e-2,
+        tolerance=tol.rtol,
         idea=state.get("idea"),
     )
     started = time.perf_counter()

@@ -172,7 +172,7 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
     path = trace_path(run.run_dir, run.trajectory)
     # Beam search keeps no checkpoint: an unfinished one starts again, so its old records go.
     path.unlink(missing_ok=True)
-    tol = config.eval.tolerance("float32")
+    tol = config.eval.precision_tolerance
     hardware = run.hardware if config.loop.hardware_prompt else None
     nodes: list[BeamNode] = []
     tokens = TokenUsage()
@@ -189,7 +189,7 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
             tried = [n.idea for n in nodes if n.parent_id == (seed.node_id if seed else None) and n.idea]
             messages = idea_messages(
                 run.task, config.eval.kernel_backend, config.loop.parsed_variant, seed.attempt if seed else None,
-                tried, search.ideas, hardware, tol.rtol if tol else 1e-2,
+                tried, search.ideas, hardware, tol.rtol,
             )
             metadata = {TURN_KEY: round_no, TASK_KEY: run.trajectory.task, "refinery_call": "ideas"}
             reply = call_model(run.model, messages, config.llm, config={"metadata": metadata})

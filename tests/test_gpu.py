@@ -198,6 +198,38 @@ class TestCudaGuards:
         record("decoy_share", {"message": result.message[:300]})
 
 
+@pytest.mark.parametrize("task_name", ["1_relu", "2_gelu", "4_softmax"])
+def test_bf16_run_of_a_builtin_task(cuda_config: EvalConfig, task_name: str) -> None:
+    """Inputs and both models cast to bf16; the kernels load and store bf16 and compute in float."""
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == task_name)
+    source = (FIXTURES / "cuda_solutions" / "any_dtype" / f"{task_name}.py").read_text()
+    with Evaluator(cuda_config.model_copy(update={"precision": "bf16"})) as ev:
+        result = ev.evaluate(TaskProgram(name=task.name, source=task.source_for("cuda")), source)
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert result.precision == "bf16" and result.tolerance == 1e-2
+    assert result.timing is not None and result.correctness is not None
+    record(f"bf16_{task_name}", {
+        "candidate_ms": result.timing.candidate.median, "reference_ms": result.timing.reference.median,
+        "speedup": result.timing.speedup, "ci": result.timing.speedup_ci95, "max_abs_diff": result.correctness.max_abs_diff,
+    })
+
+
+def test_tf32_matmul_fails_fp32_at_the_default_and_passes_at_the_papers_tolerance(cuda_config: EvalConfig) -> None:
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "7_matmul")
+    program = TaskProgram(name=task.name, source=task.source_for("cuda"))
+    source = (FIXTURES / "cuda_solutions" / "tf32_matmul.py").read_text()
+    stages = (Stage.STATIC, Stage.COMPILE, Stage.CORRECTNESS)
+    with Evaluator(cuda_config) as ev:
+        strict = ev.run(program, source, stages)
+    with Evaluator(cuda_config.model_copy(update={"tolerance": 1e-2})) as ev:
+        paper = ev.run(program, source, stages)
+    record("tf32_matmul", {"default": strict.message[:400], "at_1e-2": paper.status.value if paper.status else None})
+    assert strict.status is EvalStatus.INCORRECT, strict.message
+    assert "the error is at reduced-precision level" in strict.message
+    assert not strict.allow_tf32
+    assert paper.status is EvalStatus.CORRECT, paper.message
+
+
 def test_triton_candidate_end_to_end(cuda_config: EvalConfig) -> None:
     task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "1_relu")
     source = (FIXTURES / "triton_solutions" / "1_relu.py").read_text()

@@ -48,6 +48,12 @@ class Evaluator:
     def close(self) -> None:
         self.worker.close()
 
+    @property
+    def _setting(self) -> dict[str, object]:
+        """What every result records of how it was judged."""
+        cfg = self.config
+        return {"device": cfg.device, "precision": cfg.precision, "tolerance": cfg.precision_tolerance.rtol, "allow_tf32": cfg.allow_tf32}
+
     def static(self, candidate: str) -> StaticReport:
         return check_candidate(candidate, backend=self.config.kernel_backend)
 
@@ -57,7 +63,7 @@ class Evaluator:
 
         started = time.perf_counter()
         report = profile_with_ncu(task, candidate, self.config)
-        return EvalResult(status=None, device=self.config.device, nsight=report, stage_seconds={"nsight": time.perf_counter() - started})
+        return EvalResult(**self._setting, status=None, nsight=report, stage_seconds={"nsight": time.perf_counter() - started})
 
     def evaluate(self, task: TaskProgram, candidate: str) -> EvalResult:
         """Every stage, in order; the first failure decides the status."""
@@ -69,7 +75,6 @@ class Evaluator:
     def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
         """The given stages only. Status None means they all passed and the verdict is open;
         after the correctness stage a pass is `correct`."""
-        device = self.config.device
         stage_set = tuple(s for s in Stage if s in stages)
         static = None
         seconds: dict[str, float] = {}
@@ -78,10 +83,10 @@ class Evaluator:
             static = self.static(candidate)
             seconds[Stage.STATIC.value] = time.perf_counter() - started
             if not static.ok:
-                return EvalResult(status=EvalStatus.REJECTED, message="\n".join(static.rejections), device=device, static=static, stage_seconds=seconds)
+                return EvalResult(**self._setting, status=EvalStatus.REJECTED, message="\n".join(static.rejections), static=static, stage_seconds=seconds)
         worker_stages = tuple(s for s in stage_set if s is not Stage.STATIC)
         if not worker_stages:
-            return EvalResult(status=None, device=device, static=static, stage_seconds=seconds)
+            return EvalResult(**self._setting, status=None, static=static, stage_seconds=seconds)
         job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=worker_stages, config=self.config)
         timeout = self.config.compile_timeout_s if worker_stages == (Stage.COMPILE,) else self.config.timeout_s
         if Stage.COMPILE in worker_stages and len(worker_stages) > 1:
@@ -92,7 +97,7 @@ class Evaluator:
         if status is None and Stage.CORRECTNESS in worker_stages:
             status = EvalStatus.CORRECT
         result = EvalResult(
-            status=status, message=reply.message, device=device, static=static, compile=reply.compile,
+            **self._setting, status=status, message=reply.message, static=static, compile=reply.compile,
             correctness=reply.correctness, timing=reply.timing, profile=reply.profile, stage_seconds=seconds,
             worker_log=printed[-2000:] if reply.failure else "",
         )

@@ -60,6 +60,15 @@ def redraw(value: Any, distribution: str) -> Any:
     return drawn.to(value.dtype)
 
 
+def cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    """Floating-point tensors (nested in lists and tuples too) cast to dtype; the rest as they are."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_floats(v, dtype) for v in value)
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
+
+
 def clone_args(args: list[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
@@ -82,6 +91,8 @@ class Program:
     task: ModuleType
     candidate: ModuleType
     device: torch.device
+    dtype: torch.dtype = torch.float32
+    """Floating-point inputs, parameters and buffers are cast to this (the run's precision)."""
 
     def init_inputs(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
@@ -97,21 +108,27 @@ class Program:
             args = to_device(list(self.task.get_inputs()), self.device)
             if distribution != "task":
                 args = [redraw(a, distribution) for a in args]
-        return args
+        return [cast_floats(a, self.dtype) for a in args] if self.dtype != torch.float32 else args
+
+    def _placed(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if self.dtype != torch.float32:
+            model = model.to(self.dtype)  # floating parameters and buffers only, as Module.to does
+        return model.eval()
 
     def reference(self, seed: int) -> nn.Module:
         init = self.init_inputs(seed)
         torch.manual_seed(seed)
         with self.device:
             model = self.task.Model(*init)
-        return model.to(self.device).eval()
+        return self._placed(model)
 
     def new_model(self, seed: int, reference: nn.Module | None = None) -> nn.Module:
         init = self.init_inputs(seed)
         torch.manual_seed(seed)
         with self.device:
             model = self.candidate.ModelNew(*init)
-        model = model.to(self.device).eval()
+        model = self._placed(model)
         if reference is not None:
             share_weights(reference, model)
         return model

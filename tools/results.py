@@ -220,6 +220,10 @@ class EvalResult(Frozen):
     """None while the stages run so far passed and the verdict is still open."""
     message: str = ""
     device: str = "cpu"
+    precision: str = "fp32"
+    tolerance: float | None = None
+    """atol = rtol in force for outputs of the run's precision (None in results from before it was recorded)."""
+    allow_tf32: bool = False
     static: StaticReport | None = None
     compile: CompileReport | None = None
     correctness: CorrectnessReport | None = None
@@ -232,7 +236,7 @@ class EvalResult(Frozen):
 
     def merge(self, later: EvalResult) -> EvalResult:
         """This result followed by a later stage's: later fields win where they are set."""
-        update = {k: v for k, v in later if v is not None and k not in ("stage_seconds", "device")}
+        update = {k: v for k, v in later if v is not None and k not in ("stage_seconds", "device", "precision", "tolerance", "allow_tf32")}
         update["stage_seconds"] = {**self.stage_seconds, **later.stage_seconds}
         if later.status is None:
             update["status"] = self.status

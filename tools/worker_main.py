@@ -125,7 +125,7 @@ class WorkerState:
 
 
 def _load(state: WorkerState, job: EvalJob) -> Loaded:
-    key = source_hash(job.task_source + "\0" + job.candidate_source)
+    key = source_hash(job.task_source + "\0" + job.candidate_source + "\0" + job.config.precision)
     if key in state.loaded:
         return state.loaded[key]
     try:
@@ -139,7 +139,7 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         candidate = import_source(job.candidate_source, "candidate", state.workdir)
         if not hasattr(candidate, "ModelNew"):
             raise StageFailed(EvalStatus.COMPILE_ERROR, "the candidate defines no ModelNew class")
-        program = Program(task, candidate, state.device)
+        program = Program(task, candidate, state.device, dtype=getattr(torch, job.config.dtype_name))
         # Kernels built in __init__ compile here, not inside a timed call.
         program.new_model(job.config.seed)
     except CompileFailed as exc:
@@ -175,7 +175,9 @@ def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
         state.timer = Timer(state.device)
     ref_model = program.reference(cfg.seed)
     new_model = program.new_model(cfg.seed, reference=ref_model)
-    baseline_key = (source_hash(job.task_source), cfg.warmup, cfg.trials, cfg.time_compiled_reference, cfg.seed)
+    baseline_key = (
+        source_hash(job.task_source), cfg.warmup, cfg.trials, cfg.time_compiled_reference, cfg.seed, cfg.precision, cfg.allow_tf32,
+    )
     report, _ = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key)
     tampered = state.integrity.check()
     if tampered:
@@ -194,9 +196,18 @@ def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
     return report
 
 
+def apply_tf32_policy(allow: bool) -> None:
+    """TF32 for fp32 matmul and convolution, for both models alike. torch leaves cuDNN's on by
+    default, so an fp32 reference would otherwise be timed at reduced precision."""
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    torch.set_float32_matmul_precision("high" if allow else "highest")
+
+
 def run_job(state: WorkerState, job: EvalJob) -> JobReply:
     seconds: dict[str, float] = {}
     parts: dict[str, Any] = {}
+    apply_tf32_policy(job.config.allow_tf32)
     stage = Stage.COMPILE
     try:
         started = time.perf_counter()
