@@ -132,7 +132,7 @@ def test_traces_list_folds_a_long_task_name_and_keeps_every_number() -> None:
     text = printed(table)
     assert_whole(text, [*headers(table), "1.25x", "G+E", "correct"])
     for s in summaries:
-        assert str(s.tokens.total) in text and str(s.turns) in text
+        assert str(s.tokens.total) in text and f"{s.best_turn}/{s.turns}" in text
     # The long name folds inside its column: the column's slices of the row's lines spell it out.
     lines = text.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(LONG_TASK[:10]))

@@ -109,9 +109,9 @@ def test_list_summarises_each_trajectory(run_dir: Path) -> None:
     ]
     relu = next(t for t in load_run(run_dir) if t.id.variant == "G+E")
     tokens = sum(r.tokens.total for r in relu.records)
-    # speedup, best turn, turns, tokens of the best attempt
-    assert rows[0][4].endswith("x") and rows[0][5:] == ["3", "3", str(tokens)]
-    assert rows[2][4:6] == ["-", "1"], "without a correct turn, the first of the furthest verdicts"
+    # speedup, best turn / turns, tokens of the best attempt
+    assert rows[0][4].endswith("x") and rows[0][5:] == ["3/3", str(tokens)]
+    assert rows[2][4:6] == ["-", "1/2"], "without a correct turn, the first of the furthest verdicts"
 
 
 def test_list_filters_by_status_and_variant(run_dir: Path) -> None:
@@ -222,7 +222,7 @@ def test_version_0_traces_are_migrated_on_read() -> None:
     assert (records[0].tokens.prompt, records[0].tokens.completion) == (410, 95)
     assert [r.status for r in records] == ["compile_error", "correct"] and records[1].speedup == 1.25
     listed = cli("list", V0_RUN)
-    assert table_rows(listed.output) == [["level1/relu", "G+E", "0", "correct", "1.25x", "2", "2", "1126"]]
+    assert table_rows(listed.output) == [["level1/relu", "G+E", "0", "correct", "1.25x", "2/2", "1126"]]
     diff = cli("diff", V0_RUN, "relu", "--turns", "1", "2").output
     assert "compile_error → correct" in diff and "+ext = load_inline" in diff
 

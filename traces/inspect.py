@@ -376,8 +376,8 @@ _badge = badge_text
 
 
 def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) -> Table:
-    """Speedup and turn are the best attempt's. Fits 80 columns: a long task name folds, numbers never
-    do; `wide` adds the best speedup's 95% interval (where the evaluator gave one) and the prompt and
+    """Speedup and turn are the best attempt's ("3/5": turn 3 of 5). Fits 80 columns: a long task name
+    folds, numbers never do; `wide` adds the best speedup's 95% interval (where the evaluator gave one) and the prompt and
     completion tokens."""
     table = compact_table()
     add_name_column(table, "task")
@@ -387,8 +387,7 @@ def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) ->
     add_number_column(table, "speedup")
     if wide:
         add_number_column(table, "95% interval")
-    add_number_column(table, "turn")
-    add_number_column(table, "turns")
+    add_number_column(table, "turn")  # the best attempt's turn / the trajectory's turns
     add_number_column(table, "tokens")
     if wide:
         add_number_column(table, "prompt")
@@ -398,7 +397,7 @@ def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) ->
         table.add_row(
             s.id.task + strategy, s.id.variant, str(s.id.sample), _badge(s.best_status), format_speedup(s.best_speedup),
             *([format_interval(s.best_interval)] if wide else []),
-            "-" if s.best_turn is None else str(s.best_turn), str(s.turns), str(s.tokens.total),
+            f"{'-' if s.best_turn is None else s.best_turn}/{s.turns}", str(s.tokens.total),
             *([str(s.tokens.prompt), str(s.tokens.completion)] if wide else []),
         )
     return table
