@@ -35,6 +35,7 @@ traces_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspe
 RunDirArg = Annotated[Path, typer.Argument(help="a run directory (its traces/ folder is read)")]
 TaskArg = Annotated[str, typer.Argument(help='task key ("level1/relu_task") or its bare name when unambiguous')]
 VariantOpt = Annotated[Optional[str], typer.Option("--variant", help="feedback variant, e.g. G+E+P")]
+PrecisionOpt = Annotated[Optional[str], typer.Option("--precision", help="fp32, fp16 or bf16, where the run holds several")]
 
 
 def _console() -> Console:
@@ -85,13 +86,14 @@ def show_command(
     task: TaskArg,
     variant: VariantOpt = None,
     sample: Annotated[Optional[int], typer.Option(help="sample index")] = None,
+    precision: PrecisionOpt = None,
     turn: Annotated[Optional[int], typer.Option(help="only this turn")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="print the JSON records, one per line")] = False,
     prompt: Annotated[bool, typer.Option("--prompt", help="also print each turn's whole prompt")] = False,
 ) -> None:
     """Each turn of one trajectory: the feedback the model saw, its code and the verdict."""
     trajectories = _load(run_dir)
-    trajectory = one_trajectory(trajectories, task, variant, sample)  # TraceLookupError: a user error
+    trajectory = one_trajectory(trajectories, task, variant, sample, precision)  # TraceLookupError: a user error
     records = records_at(trajectory, turn) if turn is not None else list(trajectory.records)
     if raw:
         for record in records:
@@ -111,10 +113,11 @@ def diff_command(
     turns: Annotated[tuple[int, int], typer.Option("--turns", help="the two turns to compare, e.g. --turns 3 4")],
     variant: VariantOpt = None,
     sample: Annotated[Optional[int], typer.Option(help="sample index")] = None,
+    precision: PrecisionOpt = None,
 ) -> None:
     """The code diff between two turns, and how the verdict and the speedup changed."""
     trajectories = _load(run_dir)
-    trajectory = one_trajectory(trajectories, task, variant, sample)  # TraceLookupError: a user error
+    trajectory = one_trajectory(trajectories, task, variant, sample, precision)  # TraceLookupError: a user error
     before, after = record_at(trajectory, turns[0]), record_at(trajectory, turns[1])
     console = _console()
     console.print(Rule(trajectory.label))

@@ -378,7 +378,7 @@ def fast_p_rows(summaries: Sequence[TrajectorySummary], variants: Sequence[str])
 
 
 def build_report(trajectories: Sequence[Trajectory], title: str) -> ReportView:
-    summaries = [summarise(t) for t in sorted(trajectories, key=lambda t: (t.id.task, t.id.variant, t.id.sample, t.id.strategy))]
+    summaries = [summarise(t) for t in sorted(trajectories, key=lambda t: (t.id.task, t.id.variant, t.id.sample, t.id.strategy, t.id.precision))]
     variants = tuple(variants_of(trajectories))
     views = tuple(trajectory_view(s) for s in summaries)
     return ReportView(

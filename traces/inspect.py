@@ -60,8 +60,13 @@ class Trajectory:
 
     @property
     def label(self) -> str:
-        strategy = "" if self.id.strategy == "refine" else f" ({self.id.strategy})"
-        return f"{self.id.task} · {self.id.variant} · sample {self.id.sample}{strategy}"
+        return f"{self.id.task} · {self.id.variant} · sample {self.id.sample}{qualifier(self.id)}"
+
+
+def qualifier(trajectory: TrajectoryId) -> str:
+    """What sets a trajectory apart beyond task, variant and sample: " (beam, bf16)"; "" for refine at fp32."""
+    parts = [p for p in (trajectory.strategy != "refine" and trajectory.strategy, trajectory.precision != "fp32" and trajectory.precision) if p]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ def filter_summaries(
 
 def sort_summaries(summaries: Iterable[TrajectorySummary], key: SortKey = SortKey.TASK) -> list[TrajectorySummary]:
     def identity(s: TrajectorySummary) -> tuple[str, str, int, str]:
-        return (s.id.task, s.id.variant, s.id.sample, s.id.strategy)
+        return (s.id.task, s.id.variant, s.id.sample, s.id.strategy, s.id.precision)
 
     by_identity = sorted(summaries, key=identity)
     if key is SortKey.SPEEDUP:
@@ -194,9 +199,10 @@ def resolve_task(trajectories: Sequence[Trajectory], task: str) -> str:
 
 
 def find_trajectories(
-    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None
+    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None,
+    precision: str | None = None,
 ) -> list[Trajectory]:
-    """The trajectories of one task, narrowed by variant and sample; never empty."""
+    """The trajectories of one task, narrowed by variant, sample and precision; never empty."""
     key = resolve_task(trajectories, task)
     found = [t for t in trajectories if t.id.task == key]
     if variant is not None:
@@ -210,16 +216,24 @@ def find_trajectories(
             samples = ", ".join(str(s) for s in sorted({t.id.sample for t in found}))
             raise TraceLookupError(f"task {key} has no sample {sample}; samples: {samples}")
         found = narrowed
-    return sorted(found, key=lambda t: (t.id.variant, t.id.sample, t.id.strategy))
+    if precision is not None:
+        narrowed = [t for t in found if t.id.precision == precision]
+        if not narrowed:
+            precisions = ", ".join(sorted({t.id.precision for t in found}))
+            raise TraceLookupError(f"task {key} has no {precision} trajectory; precisions: {precisions}")
+        found = narrowed
+    return sorted(found, key=lambda t: (t.id.variant, t.id.sample, t.id.strategy, t.id.precision))
 
 
 def one_trajectory(
-    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None
+    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None,
+    precision: str | None = None,
 ) -> Trajectory:
-    found = find_trajectories(trajectories, task, variant, sample)
+    found = find_trajectories(trajectories, task, variant, sample, precision)
     if len(found) > 1:
-        names = ", ".join(f"{t.id.variant} sample {t.id.sample}" + ("" if t.id.strategy == "refine" else f" ({t.id.strategy})") for t in found)
-        raise TraceLookupError(f"task {found[0].id.task} has {len(found)} trajectories ({names}); pick one with --variant and --sample")
+        names = ", ".join(f"{t.id.variant} sample {t.id.sample}{qualifier(t.id)}" for t in found)
+        how = "--variant, --sample and --precision" if len({t.id.precision for t in found}) > 1 else "--variant and --sample"
+        raise TraceLookupError(f"task {found[0].id.task} has {len(found)} trajectories ({names}); pick one with {how}")
     return found[0]
 
 
@@ -393,9 +407,8 @@ def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) ->
         add_number_column(table, "prompt")
         add_number_column(table, "completion")
     for s in summaries:
-        strategy = "" if s.id.strategy == "refine" else f" ({s.id.strategy})"
         table.add_row(
-            s.id.task + strategy, s.id.variant, str(s.id.sample), _badge(s.best_status), format_speedup(s.best_speedup),
+            s.id.task + qualifier(s.id), s.id.variant, str(s.id.sample), _badge(s.best_status), format_speedup(s.best_speedup),
             *([format_interval(s.best_interval)] if wide else []),
             f"{'-' if s.best_turn is None else s.best_turn}/{s.turns}", str(s.tokens.total),
             *([str(s.tokens.prompt), str(s.tokens.completion)] if wide else []),

@@ -45,13 +45,18 @@ class TrajectoryId(BaseModel):
     variant: str
     sample: int = 0
     strategy: str = "refine"
+    precision: str = "fp32"
+    """fp32, fp16 or bf16 (records written before precisions were fp32): one run directory can hold
+    the same task, variant and sample at two precisions, each with its own trace and checkpoint."""
 
     @property
     def slug(self) -> str:
         safe = self.task.replace("/", "__")
         variant = self.variant.replace("+", "")
         suffix = "" if self.strategy == "refine" else f"__{self.strategy}"
-        return f"{safe}__{variant}__s{self.sample}{suffix}"
+        # fp32 keeps the name traces had before precisions, so older runs resume into the same files.
+        precision = "" if self.precision == "fp32" else f"__{self.precision}"
+        return f"{safe}__{variant}__s{self.sample}{suffix}{precision}"
 
 
 class TurnRecord(BaseModel):
