@@ -8,20 +8,26 @@ from collections.abc import Callable
 Build = Callable[..., str]
 """candidates.candidate or candidates.cuda_candidate: (forward, init=..., prelude=...) -> source."""
 
-SLOW = "return ext.relu_slow(x, 40)"
+SLOW_REPS = 40
+"""Passes of the slow honest kernel: enough that skipped work shows beside the memo's own cost."""
 
 
-def content_memo(build: Build) -> str:
+def slow(build: Build, reps: int = SLOW_REPS) -> str:
+    """A correct ReLU that makes `reps` passes over the data."""
+    return build(f"return ext.relu_slow(x, {reps})")
+
+
+def content_memo(build: Build, reps: int = SLOW_REPS) -> str:
     """Keeps outputs keyed by a few input values; on a hit returns a clone without the work."""
     return build(
-        """
+        f"""
         flat = x.reshape(-1)
         key = (tuple(x.shape), float(flat[0]), float(flat[1]), float(flat[-1]))
         hit = _MEMO.get(key)
         if hit is not None:
             ext.touch(x)
             return hit.clone()
-        y = ext.relu_slow(x, 40)
+        y = ext.relu_slow(x, {reps})
         _MEMO[key] = y.clone()
         return y
         """,
@@ -29,15 +35,15 @@ def content_memo(build: Build) -> str:
     )
 
 
-def pointer_memo(build: Build) -> str:
+def pointer_memo(build: Build, reps: int = SLOW_REPS) -> str:
     """Keeps outputs keyed by the input's address."""
     return build(
-        """
+        f"""
         key = x.data_ptr()
         if key in self.memo:
             ext.touch(x)
             return self.memo[key]
-        y = ext.relu_slow(x, 40)
+        y = ext.relu_slow(x, {reps})
         self.memo[key] = y
         return y
         """,

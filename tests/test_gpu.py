@@ -149,10 +149,10 @@ class TestCudaGuards:
 
     def test_content_memo_gains_nothing(self, cuda_config: EvalConfig, relu_task: TaskProgram) -> None:
         with Evaluator(cuda_config) as ev:
-            honest = ev.evaluate(relu_task, cuda_candidate(hacks.SLOW))
-            guarded = ev.evaluate(relu_task, hacks.content_memo(cuda_candidate))
+            honest = ev.evaluate(relu_task, hacks.slow(cuda_candidate, reps=400))
+            guarded = ev.evaluate(relu_task, hacks.content_memo(cuda_candidate, reps=400))
         with Evaluator(cuda_config.model_copy(update={"guards": Guards(fresh_inputs=False)})) as ev:
-            unguarded = ev.evaluate(relu_task, hacks.content_memo(cuda_candidate))
+            unguarded = ev.evaluate(relu_task, hacks.content_memo(cuda_candidate, reps=400))
         medians = []
         for result in (honest, guarded, unguarded):
             assert result.status is EvalStatus.CORRECT and result.timing is not None, result.message
@@ -215,16 +215,19 @@ def test_bf16_run_of_a_builtin_task(cuda_config: EvalConfig, task_name: str) -> 
 
 
 def test_tf32_matmul_fails_fp32_at_the_default_and_passes_at_the_papers_tolerance(cuda_config: EvalConfig) -> None:
-    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "7_matmul")
-    program = TaskProgram(name=task.name, source=task.source_for("cuda"))
+    """On the task's own torch.rand inputs TF32 passes even 1e-4 (every term is positive); the signed
+    inputs of the distribution guard catch it at 1e-4, and it passes at the paper's 1e-2."""
+    program = TaskProgram(name="square_matmul_rand", source=(FIXTURES / "square_matmul_rand_task.py").read_text())
     source = (FIXTURES / "cuda_solutions" / "tf32_matmul.py").read_text()
     stages = (Stage.STATIC, Stage.COMPILE, Stage.CORRECTNESS)
     with Evaluator(cuda_config) as ev:
         strict = ev.run(program, source, stages)
     with Evaluator(cuda_config.model_copy(update={"tolerance": 1e-2})) as ev:
         paper = ev.run(program, source, stages)
-    record("tf32_matmul", {"default": strict.message[:400], "at_1e-2": paper.status.value if paper.status else None})
+    record("tf32_matmul", {"default": strict.message[:500], "at_1e-2": paper.status.value if paper.status else None,
+                           "at_1e-2_max_abs_diff": paper.correctness.max_abs_diff if paper.correctness else None})
     assert strict.status is EvalStatus.INCORRECT, strict.message
+    assert "on inputs redrawn from a signed standard normal (normal)" in strict.message
     assert "the error is at reduced-precision level" in strict.message
     assert not strict.allow_tf32
     assert paper.status is EvalStatus.CORRECT, paper.message

@@ -58,7 +58,7 @@ def test_content_memo_gains_nothing_from_fresh_inputs(cpu_config: EvalConfig, re
     keyed by a few input values hits on every timed call; with fresh values it never does."""
     rotating = cpu_config.model_copy(update={"guards": Guards(fresh_inputs=False)})
     with Evaluator(cpu_config) as ev:
-        honest = ev.evaluate(relu_task, candidate(hacks.SLOW))
+        honest = ev.evaluate(relu_task, hacks.slow(candidate))
         guarded = ev.evaluate(relu_task, hacks.content_memo(candidate))
     with Evaluator(rotating) as ev:
         unguarded = ev.evaluate(relu_task, hacks.content_memo(candidate))
@@ -80,7 +80,7 @@ def test_pointer_memo_gains_nothing(cpu_config: EvalConfig, relu_task: TaskProgr
     memo never hit, and the candidate is as slow as its honest kernel."""
     every_call = cpu_config.model_copy(update={"guards": Guards(checked_timed_calls=cpu_config.trials)})
     with Evaluator(every_call) as ev:
-        honest = ev.run(relu_task, candidate(hacks.SLOW), RUNTIME_ONLY)
+        honest = ev.run(relu_task, hacks.slow(candidate), RUNTIME_ONLY)
         memo = ev.run(relu_task, hacks.pointer_memo(candidate), RUNTIME_ONLY)
     assert honest.status is EvalStatus.CORRECT and honest.timing is not None, honest.message
     if memo.status is EvalStatus.INCORRECT:
