@@ -7,6 +7,7 @@ REFINERY_DEBUG=1 shows its traceback instead. Any other exception is a bug and k
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
@@ -24,7 +25,7 @@ from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
 from agent.state import Attempt, TaskSpec
 from bench.logs import configure_logging
 from bench.tasks import SuiteError
-from tools.config import EvalConfig
+from tools.config import PRECISION_DTYPES, EvalConfig
 from traces.cli import traces_app
 from traces.errors import ConfigError, InputFileError, UserError
 from traces.schema import UnknownSchemaVersion
@@ -76,10 +77,38 @@ IdeasOpt = Annotated[Optional[int], typer.Option("--ideas", help="beam: ideas K 
 WidthOpt = Annotated[Optional[int], typer.Option("--beam-width", help="beam: the W best kernels seed the next round (default 2)")]
 EvalsOpt = Annotated[Optional[int], typer.Option("--budget-evals", help="at most this many candidate evaluations per task")]
 TokensOpt = Annotated[Optional[int], typer.Option("--budget-tokens", help="no model call starts past this many tokens per task")]
+PrecisionOpt = Annotated[
+    Optional[str],
+    typer.Option("--precision", help="fp32 (default), fp16 or bf16: inputs, parameters and buffers of both models are cast to it"),
+]
+ToleranceOpt = Annotated[
+    Optional[str], typer.Option("--tolerance", help="atol = rtol for every dtype (default: fp32 1e-4, fp16/bf16 1e-2), e.g. 1e-2")
+]
+TF32Opt = Annotated[bool, typer.Option("--allow-tf32", help="allow TF32 in fp32 matmul and convolution (off by default)")]
 
 
 def _search(**options: int | None) -> dict[str, int]:
     return {k: v for k, v in options.items() if v is not None}
+
+
+def precision_settings(precision: str | None = None, tolerance: str | None = None, allow_tf32: bool = False) -> dict[str, object]:
+    """The EvalConfig fields that --precision, --tolerance and --allow-tf32 set (only those given)."""
+    out: dict[str, object] = {}
+    if precision is not None:
+        if precision not in PRECISION_DTYPES:
+            raise ConfigError(f"--precision must be {', '.join(list(PRECISION_DTYPES)[:-1])} or {list(PRECISION_DTYPES)[-1]}, not {precision!r}")
+        out["precision"] = precision
+    if tolerance is not None:
+        try:
+            value = float(tolerance)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--tolerance must be a positive number (atol = rtol), e.g. 1e-2; not {tolerance!r}")
+        out["tolerance"] = value
+    if allow_tf32:
+        out["allow_tf32"] = True
+    return out
 
 
 def _eval_config(device: str, backend: str | None = None, **overrides: object) -> EvalConfig:
@@ -142,6 +171,9 @@ def eval_command(
     trials: Annotated[int, typer.Option(help="timed calls of each side")] = 100,
     correctness_trials: Annotated[int, typer.Option(help="trials with fresh inputs and weights")] = 5,
     compiled_baseline: Annotated[bool, typer.Option(help="also time torch.compile of the reference")] = True,
+    precision: PrecisionOpt = None,
+    tolerance: ToleranceOpt = None,
+    allow_tf32: TF32Opt = False,
 ) -> None:
     """Evaluate one candidate against its reference: static check, compile, correctness, timing, profile."""
     from bench.tasks import load_task_file
@@ -149,9 +181,12 @@ def eval_command(
     from tools.jobs import TaskProgram
 
     configure_logging(quiet=as_json)
+    numerics = precision_settings(precision, tolerance, allow_tf32)
     task = load_task_file(task_file, level=_level_of(task_file))
     candidate = _read_text(candidate_file, "candidate file")
-    config = _eval_config(device, trials=trials, correctness_trials=correctness_trials, time_compiled_reference=compiled_baseline)
+    config = _eval_config(
+        device, trials=trials, correctness_trials=correctness_trials, time_compiled_reference=compiled_baseline, **numerics
+    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for(device)), candidate)
     if as_json:
@@ -187,6 +222,9 @@ def run_command(
     beam_width: WidthOpt = None,
     budget_evals: EvalsOpt = None,
     budget_tokens: TokensOpt = None,
+    precision: PrecisionOpt = None,
+    tolerance: ToleranceOpt = None,
+    allow_tf32: TF32Opt = False,
 ) -> None:
     """One task with one strategy (default: one refinement trajectory), printing each verdict as it happens."""
     from agent.models import open_chat_model
@@ -198,6 +236,7 @@ def run_command(
     from traces.schema import TrajectoryId
 
     configure_logging()
+    numerics = precision_settings(precision, tolerance, allow_tf32)
     task = load_task_file(task_file, level=_level_of(task_file))
     check_model(model)
     search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
@@ -207,7 +246,7 @@ def run_command(
                 model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens, retries=retries
             ),
             loop=LoopSettings(variant=variant, turns=turns, target_speedup=target_speedup, hardware_prompt=hardware_prompt),
-            eval=_eval_config(device, backend),
+            eval=_eval_config(device, backend, **numerics),
             strategy=strategy,  # type: ignore[arg-type]
             search=SearchSettings(**search),
         )
@@ -216,12 +255,15 @@ def run_command(
     run_dir = run_dir or Path("runs") / f"run-{task.name}-{uuid.uuid4().hex[:6]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-    trajectory = TrajectoryId(task=task.key, variant=config.loop.variant)
+    trajectory = TrajectoryId(task=task.key, variant=config.loop.variant, precision=config.eval.precision)
 
     def on_turn(attempt: Attempt) -> None:
         console.print(turn_line(attempt, turns))
 
-    console.print(f"[bold]{task.key}[/] · {config.loop.variant} · {strategy} · {turns} turns · {device} · model {model}")
+    console.print(
+        f"[bold]{task.key}[/] · {config.loop.variant} · {strategy} · {turns} turns · {device} · {_numerics_text(config.eval)} · model {model}",
+        highlight=False,
+    )
     with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
         result = run_strategy(
             StrategyRun(
@@ -264,12 +306,18 @@ def experiment_command(
     trials: Annotated[Optional[int], typer.Option(help="timed calls of each side")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="re-running on an existing directory resumes it")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="the final table with every p, one line per row")] = False,
+    precision: Annotated[
+        Optional[str], typer.Option("--precision", help="fp32 (default), fp16 or bf16; another precision may share a --run-dir")
+    ] = None,
+    tolerance: ToleranceOpt = None,
+    allow_tf32: TF32Opt = False,
 ) -> None:
     """Run suites × variants × samples in parallel, resumable, and print the fast_p table."""
     from bench.experiment import ExperimentConfig
     from bench.launch import launch
 
     configure_logging(quiet=True)
+    numerics = precision_settings(precision, tolerance, allow_tf32)
     overrides: dict[str, object] = {
         "suite": suite, "levels": _ints(levels), "tasks": tasks, "variants": _list(variants), "turns": turns,
         "samples": samples, "strategies": _list(strategies), "device": device, "backend": backend, "target_speedup": target_speedup,
@@ -289,14 +337,15 @@ def experiment_command(
     data["llm"] = {**dict(data.get("llm", {})), **{k: v for k, v in llm.items() if v is not None}}  # type: ignore[arg-type]
     search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
     data["search"] = {**dict(data.get("search", {})), **search}  # type: ignore[arg-type]
-    if trials is not None:
-        data["eval"] = {**dict(data.get("eval", {})), "trials": trials}  # type: ignore[arg-type]
     run_dir = run_dir or Path(str(data.pop("run_dir", "") or f"runs/experiment-{uuid.uuid4().hex[:6]}"))
     data.pop("run_dir", None)
     source = f"--config {config_file} and flags" if config_file is not None else "flags"
     for section in ("llm", "search", "eval"):
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{source}: {section} must be a table ([{section}]), not {data[section]!r}")
+    eval_flags = {**numerics, **({"trials": trials} if trials is not None else {})}
+    if eval_flags:
+        data["eval"] = {**dict(data.get("eval", {})), **eval_flags}  # type: ignore[arg-type]
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
@@ -333,6 +382,12 @@ def report_command(
 
     report(run_dir, console=console, plots=plots, wide=wide)
     console.print(f"written: {run_dir / 'report.json'}", highlight=False)
+
+
+def _numerics_text(config: EvalConfig) -> str:
+    """`fp32, atol = rtol = 0.0001` (and `TF32 allowed` where it is)."""
+    tf32 = ", TF32 allowed" if config.allow_tf32 else ""
+    return f"{config.precision}, atol = rtol = {config.precision_tolerance.atol:g}{tf32}"
 
 
 def _list(text: str | None) -> list[str] | None:

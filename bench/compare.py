@@ -1,8 +1,9 @@
 """`refinery report --compare A B`: the paired difference of each score between two sides.
 
-A side is a feedback variant or a strategy of one run directory, or a whole run directory. The two
-sides are paired on the tasks both ran (for variants: the same task and strategy; for strategies: the
-same task and variant; for runs: the same task, variant and strategy). Per pair, a rate is the share
+A side is a feedback variant, a strategy or a precision of one run directory, or a whole run
+directory. The two sides are paired on the tasks both ran (for variants: the same task, strategy and
+precision; for strategies: the same task, variant and precision; for precisions: the same task,
+variant and strategy; for runs: the same task, variant, strategy and precision). Per pair, a rate is the share
 of the pair's samples that hit; the geometric-mean speedup is compared as the ratio B / A over the
 pairs correct on both sides. Each difference has a 95% bootstrap interval over the pairs
 (traces/stats.py), and the report says whether it excludes zero (one, for the ratio).
@@ -85,7 +86,9 @@ def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Cal
     """The two sides, the pairing key of a record, and what the pairs are made of."""
     if _runs(a) and _runs(b):
         sides = [Side(label=x, records=read_results(Path(x))) for x in (a, b)]
-        return sides[0], sides[1], lambda r: (r.task, r.variant, r.strategy), "task, variant and strategy"
+        several = len({r.precision for side in sides for r in side.records}) > 1
+        paired_on = "task, variant, strategy and precision" if several else "task, variant and strategy"
+        return sides[0], sides[1], lambda r: (r.task, r.variant, r.strategy, r.precision), paired_on
     if run_dir is None:
         missing = next(x for x in (a, b) if not _runs(x))
         raise ConfigError(
@@ -97,23 +100,33 @@ def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Cal
         raise RunDirError(f"{run_dir} has no finished trajectories (no records in {results_path(run_dir)})")
     variants = sorted({r.variant for r in records})
     strategies = sorted({r.strategy for r in records})
+    precisions = sorted({r.precision for r in records})
+    # A run of one precision says what it always said.
+    and_precision = " and precision" if len(precisions) > 1 else ""
     va, vb = _variant(a), _variant(b)
     if va in variants and vb in variants:
         return (
             Side(label=va, records=[r for r in records if r.variant == va]),  # type: ignore[arg-type]  # va is in variants
             Side(label=vb, records=[r for r in records if r.variant == vb]),  # type: ignore[arg-type]  # vb is in variants
-            lambda r: (r.task, r.strategy), "task and strategy",
+            lambda r: (r.task, r.strategy, r.precision), ("task, strategy" + and_precision) if and_precision else "task and strategy",
         )
     if a in strategies and b in strategies:
         return (
             Side(label=a, records=[r for r in records if r.strategy == a]),
             Side(label=b, records=[r for r in records if r.strategy == b]),
-            lambda r: (r.task, r.variant), "task and variant",
+            lambda r: (r.task, r.variant, r.precision), ("task, variant" + and_precision) if and_precision else "task and variant",
         )
-    unknown = next((x for x in (a, b) if _variant(x) not in variants and x not in strategies), a)
+    if a in precisions and b in precisions:
+        return (
+            Side(label=a, records=[r for r in records if r.precision == a]),
+            Side(label=b, records=[r for r in records if r.precision == b]),
+            lambda r: (r.task, r.variant, r.strategy), "task, variant and strategy",
+        )
+    unknown = next((x for x in (a, b) if _variant(x) not in variants and x not in strategies and x not in precisions), a)
     raise ConfigError(
         f"--compare {a} {b}: {unknown!r} is neither a variant ({', '.join(variants)}) nor a strategy "
-        f"({', '.join(strategies)}) of {run_dir}, nor a run directory; both sides must be of one kind"
+        f"({', '.join(strategies)})" + (f" nor a precision ({', '.join(precisions)})" if and_precision else "")
+        + f" of {run_dir}, nor a run directory; both sides must be of one kind"
     )
 
 

@@ -4,11 +4,17 @@ A run directory holds:
 - config.json: the settings (re-running the same command resumes);
 - results.jsonl: one record per finished trajectory;
 - traces/: one JSONL trace per trajectory;
-- checkpoints.sqlite: LangGraph checkpoints of unfinished trajectories.
+- checkpoints.sqlite: LangGraph checkpoints of unfinished trajectories;
+- precisions.json: the tolerance and TF32 policy of each precision the directory holds.
+
+One run directory can hold the same experiment at several precisions (an fp32 and a bf16 ablation
+side by side): the precision is part of each trajectory's identity, and only the precision, with
+its tolerance and TF32 policy, may differ between the invocations that share it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import tomllib
@@ -115,22 +121,30 @@ class TrajectoryRecord(BaseModel):
     strategy: str = "refine"
     evals: int | None = None
     """Candidate evaluations spent; None in results written before strategies (count per_turn)."""
+    precision: str = "fp32"
+    """fp32, fp16 or bf16 (results written before precisions were fp32)."""
+    tolerance: float | None = None
+    """atol = rtol in force for outputs of that precision; None in results written before it was recorded."""
+    allow_tf32: bool = False
 
     @property
     def key(self) -> tuple[str, str, int]:
-        """Unique within one strategy (results before strategies were all refine)."""
+        """Unique within one strategy and precision (results before strategies were all refine, before precisions fp32)."""
         return (self.task, self.variant, self.sample)
 
     @property
-    def run_key(self) -> tuple[str, str, int, str]:
-        return (*self.key, self.strategy)
+    def run_key(self) -> tuple[str, str, int, str, str]:
+        return (*self.key, self.strategy, self.precision)
 
     @property
     def evaluations(self) -> int:
         return self.evals if self.evals is not None else sum(1 for status, _ in self.per_turn if status != "no_code")
 
 
-def record_of(task: Task, variant: str, sample: int, result: StrategyResult, strategy: str = "refine") -> TrajectoryRecord:
+def record_of(
+    task: Task, variant: str, sample: int, result: StrategyResult, strategy: str = "refine", eval_config: EvalConfig | None = None
+) -> TrajectoryRecord:
+    numerics = eval_config or EvalConfig()
     per_turn: list[tuple[str, float | None]] = []
     for a in result.attempts:
         status = "no_code" if a.code is None else (a.result.status.value if a.result and a.result.status else "runtime_error")
@@ -144,7 +158,8 @@ def record_of(task: Task, variant: str, sample: int, result: StrategyResult, str
         task=task.key, level=task.level, variant=variant, sample=sample, best_status=best_status,
         best_speedup=best.speedup if best else None, best_turn=best.turn if best else None,
         turns=result.turns, compiled=compiled, tokens=result.tokens.total, per_turn=per_turn,
-        strategy=strategy, evals=result.evals,
+        strategy=strategy, evals=result.evals, precision=numerics.precision,
+        tolerance=numerics.precision_tolerance.atol, allow_tf32=numerics.allow_tf32,
     )
 
 
@@ -157,7 +172,7 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
     path = results_path(run_dir)
     if not path.exists():
         return []
-    records: dict[tuple[str, str, int, str], TrajectoryRecord] = {}
+    records: dict[tuple[str, str, int, str, str], TrajectoryRecord] = {}
     lines = path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -203,29 +218,95 @@ def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
 
 
 _RUNTIME_ONLY = {"workers", "concurrency", "executor"}
+_PRECISION_FIELDS = ("precision", "tolerance", "allow_tf32")
+"""Evaluator settings that may differ between invocations sharing a run directory: each precision's
+trajectories are its own (TrajectoryRecord.run_key), and precisions.json pins its tolerance and TF32."""
+
+
+def _comparable(config: ExperimentConfig) -> dict[str, object]:
+    """The settings every invocation on one run directory must share."""
+    data = config.model_dump(mode="json", exclude=_RUNTIME_ONLY)
+    if data.get("eval") is not None:
+        rest = {k: v for k, v in data["eval"].items() if k not in _PRECISION_FIELDS}
+        default = {k: v for k, v in EvalConfig().model_dump(mode="json").items() if k not in _PRECISION_FIELDS}
+        # `--precision bf16` alone gives an [eval] table that differs from none only in the precision.
+        data["eval"] = None if rest == default else rest
+    return data
+
+
+class Numerics(BaseModel):
+    """How one precision's results are judged: atol = rtol in force, and the TF32 policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tolerance: float
+    allow_tf32: bool
+
+    @classmethod
+    def of(cls, config: EvalConfig) -> Numerics:
+        return cls(tolerance=config.precision_tolerance.atol, allow_tf32=config.allow_tf32)
+
+    def describe(self) -> str:
+        return f"atol = rtol = {self.tolerance:g}, TF32 {'allowed' if self.allow_tf32 else 'off'}"
+
+
+def precisions_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "precisions.json"
+
+
+def read_precisions(run_dir: Path) -> dict[str, Numerics]:
+    """Each precision the run directory holds, with its tolerance and TF32 policy ({} before any)."""
+    path = precisions_path(run_dir)
+    if path.exists():
+        try:
+            return {p: Numerics.model_validate(v) for p, v in json.loads(path.read_text()).items()}
+        except (ValueError, AttributeError) as exc:
+            raise RunDirError(f"{path} is not a precision table this version of refinery reads ({exc}); choose another --run-dir") from exc
+    saved = Path(run_dir) / "config.json"
+    if saved.exists():
+        # A run directory from before precisions.json: its one precision is the saved config's.
+        try:
+            eval_config = ExperimentConfig.model_validate_json(saved.read_text()).eval_config()
+        except ValueError:
+            return {}
+        return {eval_config.precision: Numerics.of(eval_config)}
+    return {}
 
 
 def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
     """Keep the config with the run; other settings on an existing run are refused.
 
-    Workers, concurrency and executor may change between a run and its resumption.
+    Workers, concurrency and executor may change between a run and its resumption, and so may the
+    precision (another precision is another set of trajectories in the same directory); a precision
+    the directory already holds keeps its tolerance and TF32 policy.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / "config.json"
+    precisions = read_precisions(run_dir)
     if saved.exists():
         try:
-            before = ExperimentConfig.model_validate_json(saved.read_text()).model_dump(mode="json", exclude=_RUNTIME_ONLY)
+            before = _comparable(ExperimentConfig.model_validate_json(saved.read_text()))
         except ValueError as exc:
             raise RunDirError(
                 f"{saved} is not an experiment config this version of refinery reads (written by another version, "
                 "or by `refinery run`); choose another --run-dir"
             ) from exc
-        if before != config.model_dump(mode="json", exclude=_RUNTIME_ONLY):
-            changed = sorted(k for k, v in config.model_dump(mode="json", exclude=_RUNTIME_ONLY).items() if before.get(k) != v)
+        now = _comparable(config)
+        if before != now:
+            changed = sorted(k for k, v in now.items() if before.get(k) != v)
             raise RunDirError(
                 f"{run_dir} holds a run with other settings ({saved}; differing: {', '.join(changed) or 'fields'}); "
                 "resume it with the same settings or choose another --run-dir"
             )
+    eval_config = config.eval_config()
+    numerics = Numerics.of(eval_config)
+    held = precisions.get(eval_config.precision)
+    if held is not None and held != numerics:
+        raise RunDirError(
+            f"{run_dir} holds {eval_config.precision} trajectories judged at {held.describe()}; this run asks for "
+            f"{numerics.describe()}: resume with the same --tolerance and --allow-tf32, or choose another --run-dir"
+        )
+    precisions[eval_config.precision] = numerics
+    precisions_path(run_dir).write_text(json.dumps({p: n.model_dump() for p, n in precisions.items()}, indent=2) + "\n")
     saved.write_text(config.model_dump_json(indent=2))
 
 
@@ -237,24 +318,27 @@ def run_experiment(
     on_done: Callable[[TrajectoryRecord], None] | None = None,
     hardware: str | None = None,
 ) -> list[TrajectoryRecord]:
-    """Run every planned trajectory not already in results.jsonl; returns all records.
+    """Run every planned trajectory not already in results.jsonl; returns all records of the
+    experiment's precision (others the run directory holds are left as they are).
 
     `model_factory` gives a chat model per trajectory (they run in parallel threads), and
     `evaluator` is shared: a pool whose `run` is thread-safe.
     """
-    finished = {r.run_key: r for r in read_results(run_dir)}
-    todo = [(t, v, s, st) for t, v, s, st in plan(config) if (t.key, v, s, st) not in finished]
+    eval_config = config.eval_config()
+    precision = eval_config.precision
+    finished = {r.run_key: r for r in read_results(run_dir) if r.precision == precision}
+    todo = [(t, v, s, st) for t, v, s, st in plan(config) if (t.key, v, s, st, precision) not in finished]
     writer = ResultsWriter(run_dir)
     run_id = Path(run_dir).name or uuid.uuid4().hex[:8]
 
     def one(task: Task, variant: str, sample: int, strategy: str) -> TrajectoryRecord:
-        trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy)
+        trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy, precision=precision)
         spec = TaskSpec(name=task.name, source=task.source_for(config.device), level=task.level)
         run = StrategyRun(
             task=spec, config=config.run_config(variant, strategy), model=model_factory(), evaluator=evaluator,  # type: ignore[arg-type]
             run_dir=run_dir, trajectory=trajectory, run_id=run_id, hardware=hardware, resume=True,
         )
-        record = record_of(task, variant, sample, run_strategy(run), strategy)
+        record = record_of(task, variant, sample, run_strategy(run), strategy, eval_config)
         writer.append(record)
         return record
 

@@ -27,10 +27,13 @@ def make_pool(config: ExperimentConfig) -> object:
 def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool = False) -> None:
     prepare_run_dir(run_dir, config)
     total = len(plan(config))
-    done = read_results(run_dir)
+    numerics = config.eval_config()
+    done = [r for r in read_results(run_dir) if r.precision == numerics.precision]
     console.print(
         f"[bold]experiment[/] {run_dir}: {total} trajectories ({len(done)} already finished) · "
-        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.turns} turns · {config.device} · model {config.llm.model}",
+        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.turns} turns · {config.device} · "
+        f"{numerics.precision} (atol = rtol = {numerics.precision_tolerance.atol:g}{', TF32 allowed' if numerics.allow_tf32 else ''}) · "
+        f"model {config.llm.model}",
         highlight=False,
     )
     counts = {"done": len(done), "correct": sum(map(is_correct, done)), "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1)}
@@ -51,7 +54,8 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
                 speed = f" {record.best_speedup:.2f}x" if record.best_speedup is not None else ""
                 progress.console.print(
                     f"{counts['done']}/{total} {record.task} {record.variant} sample {record.sample}"
-                    + ("" if record.strategy == "refine" else f" {record.strategy}") + f": {record.best_status}{speed}",
+                    + ("" if record.strategy == "refine" else f" {record.strategy}")
+                    + ("" if record.precision == "fp32" else f" {record.precision}") + f": {record.best_status}{speed}",
                     highlight=False, markup=False,
                 )
 

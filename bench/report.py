@@ -19,10 +19,22 @@ from traces.stats import RESAMPLES, SEED, Estimate, geomean_estimate, rate_estim
 from traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def _precision_order(precision: str) -> tuple[int, str]:
+    return (PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS), precision)
+
+
+def numerics_of(records: list[TrajectoryRecord]) -> tuple[float | None, bool]:
+    """The tolerance and TF32 policy of one precision's records: (None, …) where none recorded one
+    (results from before it was recorded) or they disagree."""
+    tolerances = {r.tolerance for r in records}
+    return (tolerances.pop() if len(tolerances) == 1 else None), any(r.allow_tf32 for r in records)
 
 
 class GroupScores(BaseModel):
-    """Scores of one level × variant group, over its tasks (sample 0 unless samples are pooled)."""
+    """Scores of one level × variant × strategy × precision group, over its tasks (sample 0 unless samples are pooled)."""
 
     model_config = ConfigDict(frozen=True)
     level: int
@@ -41,6 +53,10 @@ class GroupScores(BaseModel):
     """95% intervals, keyed fast_0 … fast_2, correct, compiled, geomean. Over all samples of each
     task: with one sample each value equals the field above; with several, it is the mean over them."""
     fast1_by_turn_intervals: list[Estimate] = []
+    precision: str = "fp32"
+    tolerance: float | None = None
+    """atol = rtol the group's results were judged at; None where the results do not record it."""
+    allow_tf32: bool = False
 
     def estimates(self) -> dict[str, Estimate]:
         """The intervals, or the bare values for scores made without them."""
@@ -52,10 +68,12 @@ class GroupScores(BaseModel):
 
 
 class StrategyScores(BaseModel):
-    """One strategy over every task and variant it ran (sample 0), for a budget-matched comparison."""
+    """One strategy over every task and variant it ran (sample 0), for a budget-matched comparison;
+    one per precision where the run holds several."""
 
     model_config = ConfigDict(frozen=True)
     strategy: str
+    precision: str = "fp32"
     trajectories: int
     fast_p: dict[str, float]
     correct: float
@@ -68,6 +86,9 @@ class StrategyScores(BaseModel):
     intervals: dict[str, Estimate] = {}
     """95% intervals resampling tasks (a task's value: the mean over its variants), keyed like
     GroupScores.intervals; with one variant each value equals the field above."""
+
+    def label(self, precisions: bool) -> str:
+        return f"{self.strategy} {self.precision}" if precisions else self.strategy
 
     def estimates(self) -> dict[str, Estimate]:
         if self.intervals:
@@ -149,17 +170,17 @@ def _by_task(records: list[TrajectoryRecord]) -> list[list[TrajectoryRecord]]:
 
 
 def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
-    by_strategy: dict[str, list[TrajectoryRecord]] = defaultdict(list)
+    by_strategy: dict[tuple[str, str], list[TrajectoryRecord]] = defaultdict(list)
     for r in records:
         if r.sample == 0:
-            by_strategy[r.strategy].append(r)
+            by_strategy[(r.strategy, r.precision)].append(r)
     horizon = max((r.evaluations for r in records), default=0)
     scores = []
-    for strategy, group in sorted(by_strategy.items()):
+    for (strategy, precision), group in sorted(by_strategy.items(), key=lambda item: (item[0][0], _precision_order(item[0][1]))):
         outcomes = [_outcome(r) for r in group]
         scores.append(
             StrategyScores(
-                strategy=strategy, trajectories=len(group),
+                strategy=strategy, precision=precision, trajectories=len(group),
                 fast_p={f"{p:g}": fast_p(outcomes, p, total=len(group)) for p in P_VALUES},
                 correct=correctness_rate(outcomes, total=len(group)),
                 geomean_speedup=geomean_speedup(outcomes),
@@ -174,11 +195,13 @@ def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
 
 
 def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
-    groups: dict[tuple[int, str, str], list[TrajectoryRecord]] = defaultdict(list)
+    groups: dict[tuple[int, str, str, str], list[TrajectoryRecord]] = defaultdict(list)
     for r in records:
-        groups[(r.level, r.variant, r.strategy)].append(r)
+        groups[(r.level, r.variant, r.strategy, r.precision)].append(r)
     scores = []
-    for (level, variant, strategy), group in sorted(groups.items()):
+    # One precision's row next to the other's, for the same level, variant and strategy.
+    for (level, variant, strategy, precision), group in sorted(groups.items(), key=lambda item: (*item[0][:3], _precision_order(item[0][3]))):
+        tolerance, allow_tf32 = numerics_of(group)
         first = [r for r in group if r.sample == 0]
         tasks = sorted({r.task for r in group})
         outcomes = [_outcome(r) for r in first]
@@ -202,6 +225,9 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 samples=samples,
                 intervals=unit_estimates([[r for r in group if r.task == t] for t in tasks]),
                 fast1_by_turn_intervals=_fast1_by_turn_intervals(first, tasks),
+                precision=precision,
+                tolerance=tolerance,
+                allow_tf32=allow_tf32,
             )
         )
     return scores
@@ -255,19 +281,42 @@ def _caption(samples: int, wide: bool) -> str:
     )
 
 
+def several_precisions(scores: list[GroupScores] | list[StrategyScores]) -> bool:
+    return len({s.precision for s in scores}) > 1
+
+
+def numerics_lines(scores: list[GroupScores]) -> list[str]:
+    """The report's header: each precision's tolerance and TF32 policy, one line each."""
+    lines = []
+    for precision in sorted({s.precision for s in scores}, key=_precision_order):
+        group = [s for s in scores if s.precision == precision]
+        tolerances = {s.tolerance for s in group}
+        tolerance = tolerances.pop() if len(tolerances) == 1 else None
+        judged = "tolerance not recorded (results from before it was)" if tolerance is None else f"atol = rtol = {tolerance:g}"
+        tf32 = "allowed" if any(s.allow_tf32 for s in group) else "off"
+        lines.append(f"precision {precision}: {judged}, TF32 {tf32}")
+    return lines
+
+
 def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
-    """fast_p per level × variant (× strategy) with 95% intervals; compact fits 80 columns."""
+    """fast_p per level × variant (× strategy × precision) with 95% intervals; compact fits 80 columns."""
     samples = max((s.samples for s in scores), default=1)
     table = compact_table(
         title="fast_p by level and feedback variant: share of tasks correct and faster than p times PyTorch",
         caption=_caption(samples, wide),
     )
     strategies = len({s.strategy for s in scores}) > 1 or any(s.strategy != "refine" for s in scores)
+    precisions = several_precisions(scores)
     p_values = P_VALUES if wide else COMPACT_P
     add_number_column(table, "level", justify="left")
-    add_name_column(table, "variant" + ("\nstrategy" if strategies and not wide else ""))
+    # Compact: strategy and precision are further lines of the variant's cell, so the table keeps its width.
+    add_name_column(
+        table, "variant" + ("\nstrategy" if strategies and not wide else "") + ("\nprecision" if precisions and not wide else "")
+    )
     if strategies and wide:
         add_name_column(table, "strategy")
+    if precisions and wide:
+        add_name_column(table, "precision")
     add_number_column(table, "tasks")
     for p in p_values:
         add_number_column(table, f"fast_{p:g}")
@@ -276,8 +325,10 @@ def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
     for s in scores:
         estimates = s.estimates()
         name = s.variant + (f"\n[dim]{s.strategy}[/]" if strategies and not wide else "")
+        name += f"\n[bold]{s.precision}[/]" if precisions and not wide else ""
         table.add_row(
-            str(s.level), name, *([s.strategy] if strategies and wide else []), str(s.tasks),
+            str(s.level), name, *([s.strategy] if strategies and wide else []), *([s.precision] if precisions and wide else []),
+            str(s.tasks),
             *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
             _cell(estimates["correct"], "rate", wide), _cell(estimates["compiled"], "rate", wide),
             _cell(estimates["geomean"], "times", wide), str(s.tokens) if wide else _tokens(s.tokens),
@@ -294,10 +345,11 @@ def render_strategies(scores: list[StrategyScores], wide: bool = False) -> Table
     add_name_column(table, "strategy")
     for col in ("runs", *[f"fast_{p:g}" for p in p_values], "correct", "geomean", "evals", "tokens"):
         add_number_column(table, col)
+    precisions = several_precisions(scores)
     for s in scores:
         estimates = s.estimates()
         table.add_row(
-            s.strategy, str(s.trajectories), *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
+            s.label(precisions), str(s.trajectories), *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
             _cell(estimates["correct"], "rate", wide), _cell(estimates["geomean"], "times", wide),
             f"{s.mean_evals:.1f}", str(s.tokens) if wide else _tokens(s.tokens),
         )
@@ -309,8 +361,9 @@ def render_by_evals(scores: list[StrategyScores]) -> Table:
     horizon = max((len(s.best_by_evals) for s in scores), default=0)
     table = compact_table(title="mean best speedup after e evaluations (0 until a correct kernel)")
     add_number_column(table, "e")
+    precisions = several_precisions(scores)
     for s in scores:
-        add_number_column(table, s.strategy)
+        add_number_column(table, s.label(precisions))
     for e in range(horizon):
         table.add_row(str(e + 1), *[f"{s.best_by_evals[e]:.2f}" if e < len(s.best_by_evals) else "-" for s in scores])
     return table
@@ -327,8 +380,10 @@ def render_at_k(scores: list[GroupScores], wide: bool = False) -> Table | None:
     add_number_column(table, "k")
     for p in p_values:
         add_number_column(table, f"fast_{p:g}@k")
+    precisions = several_precisions(scores)
     for s, k, values in rows:
-        table.add_row(str(s.level), s.variant, k, *[_pct(values[f"{p:g}"]) for p in p_values])
+        variant = s.variant + (f" {s.precision}" if precisions else "")
+        table.add_row(str(s.level), variant, k, *[_pct(values[f"{p:g}"]) for p in p_values])
     return table
 
 
@@ -358,8 +413,10 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
         fig.savefig(written[-1], dpi=120, bbox_inches="tight")
         plt.close(fig)
 
+    precisions = several_precisions(scores)
+
     def label(s: GroupScores) -> str:
-        return f"L{s.level} {s.variant}" + ("" if s.strategy == "refine" else f" {s.strategy}")
+        return f"L{s.level} {s.variant}" + ("" if s.strategy == "refine" else f" {s.strategy}") + (f" {s.precision}" if precisions else "")
 
     line_plot(
         "fast_p.png",
@@ -380,7 +437,7 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     by_variant: dict[str, list[float]] = defaultdict(list)
     for r in records:
         if is_correct(r) and r.best_speedup:
-            by_variant[r.variant].append(r.best_speedup)
+            by_variant[r.variant + (f" {r.precision}" if precisions else "")].append(r.best_speedup)
     if by_variant:
         ax.hist(list(by_variant.values()), label=list(by_variant), bins=12)
         ax.legend()
@@ -394,7 +451,7 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     if any(s.strategy != "refine" for s in strategies):
         fig, ax = plt.subplots(figsize=(6, 4))
         for s in strategies:
-            ax.plot(range(1, len(s.best_by_evals) + 1), s.best_by_evals, marker="o", label=s.strategy)
+            ax.plot(range(1, len(s.best_by_evals) + 1), s.best_by_evals, marker="o", label=s.label(several_precisions(strategies)))
         ax.axhline(1.0, color="grey", linestyle="--")
         ax.set(xlabel="evaluations spent", ylabel="mean best speedup", title="best speedup against evaluations spent")
         ax.legend()
@@ -406,7 +463,7 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
 
 
 def has_strategies(strategies: list[StrategyScores]) -> bool:
-    return len(strategies) > 1 or any(s.strategy != "refine" for s in strategies)
+    return len({s.strategy for s in strategies}) > 1 or any(s.strategy != "refine" for s in strategies)
 
 
 def report(run_dir: Path, console: Console | None = None, plots: bool = True, wide: bool = False) -> list[GroupScores]:
@@ -422,6 +479,8 @@ def report(run_dir: Path, console: Console | None = None, plots: bool = True, wi
     if has_strategies(strategies):
         (Path(run_dir) / "strategies.json").write_text(json.dumps([s.model_dump() for s in strategies], indent=2))
     if console is not None:
+        for line in numerics_lines(scores):
+            console.print(line, highlight=False, markup=False)
         print_table(console, render_table(scores, wide=wide), wide)
         if has_strategies(strategies):
             print_table(console, render_strategies(strategies, wide=wide), wide)

@@ -97,6 +97,26 @@ def test_fast_p_table_with_strategies_and_samples_fits_80_columns() -> None:
     assert_whole(printed(at_k), [*headers(at_k), "50%", "25%"])
 
 
+def test_fast_p_table_with_two_precisions_fits_80_columns() -> None:
+    """Precision is one more line of the variant's cell (compact), or a column of its own (wide)."""
+    fp32 = known_records(samples=2) + known_records(samples=2, strategy="best-of-n")
+    records = fp32 + [r.model_copy(update={"precision": "bf16", "tolerance": 1e-2}) for r in fp32]
+    scores = score(records)
+    table = render_table(scores)
+    text = printed(table)
+    assert_whole(text, [*headers(table)[2:], "best-of-n", "refine", "G+E+P+N", "fp32", "bf16"])
+    assert "precision" in text and "strategy" in text
+    wide = render_table(scores, wide=True)
+    assert "precision" in headers(wide)
+    assert_whole(printed(wide, wide=True), [*headers(wide), "fp32", "bf16", "fast_1.5"], width=400)
+    at_k = render_at_k(scores)
+    assert at_k is not None
+    assert_whole(printed(at_k), [*headers(at_k), "G+E+P+N bf16"])
+    strategies = score_strategies(records)
+    assert_whole(printed(render_strategies(strategies)), ["best-of-n bf16", "refine fp32"])
+    assert_whole(printed(render_by_evals(strategies)), ["best-of-n bf16", "refine fp32"])
+
+
 def test_wide_table_has_every_p_and_is_not_cut() -> None:
     scores = score(known_records())
     table = render_table(scores, wide=True)
@@ -152,11 +172,18 @@ def test_run_turn_lines_wrap_instead_of_cutting() -> None:
     assert "…" not in text
 
 
-@pytest.mark.parametrize("args", [["report", "{run}", "--no-plots"], ["report", "{run}", "--compare", "G", "G+E+P+N"], ["traces", "list", str(V0_RUN)]])
+@pytest.mark.parametrize("args", [
+    ["report", "{run}", "--no-plots"], ["report", "{run}", "--compare", "G", "G+E+P+N"], ["traces", "list", str(V0_RUN)],
+    ["report", "{run}", "--no-plots", "--precisions"], ["report", "{run}", "--compare", "fp32", "bf16", "--precisions"],
+])
 def test_commands_print_whole_tables_to_a_pipe_at_80_columns(args: list[str], tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "results.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in known_records()))
+    records = known_records()
+    if "--precisions" in args:  # a run directory holding an fp32 and a bf16 experiment
+        args = [a for a in args if a != "--precisions"]
+        records += [r.model_copy(update={"precision": "bf16", "tolerance": 1e-2}) for r in records]
+    (run / "results.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in records))
     result = CliRunner().invoke(app, [a.format(run=run) for a in args], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "…" not in result.output
