@@ -80,6 +80,7 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
         hardware=ctx.hardware if cfg.loop.hardware_prompt else None,
         tolerance=tol.rtol,
         idea=state.get("idea"),
+        precision=cfg.eval.precision,
     )
     started = time.perf_counter()
     reply = call_model(ctx.model, messages, cfg.llm, config={"metadata": {TURN_KEY: turn, TASK_KEY: ctx.trajectory.task}})

@@ -125,6 +125,7 @@ def build_messages(
     hardware: str | None,
     tolerance: float,
     idea: str | None = None,
+    precision: str = "fp32",
 ) -> list[BaseMessage]:
     spec = prompts.backend(backend)
     system = prompts.render("system.j2", backend=spec, tolerance=f"{tolerance:g}")
@@ -142,6 +143,7 @@ def build_messages(
         previous_reply=previous.reply if previous is not None else None,
         feedback=turn_feedback(previous, variant) if previous is not None else "",
         idea=idea,
+        dtype={"fp16": "float16", "bf16": "bfloat16"}.get(precision, ""),  # the task prompt names a reduced precision
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]
 
