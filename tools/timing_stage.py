@@ -1,9 +1,9 @@
 """The timing stage: reference, torch.compile and candidate timed alike, each call on fresh inputs,
 with the outputs of timed calls checked.
 
-- Every warm-up and timed call of either side gets input values that no earlier call saw (the same
-  sequence of seeds for both sides), made before the clock starts: a memo keyed by input content or
-  by pointer never hits, so it buys no speed.
+- Every warm-up and timed call of either side gets input values that no earlier call saw (seeds
+  salted by the OS for each timing run), made before the clock starts: a memo keyed by input content
+  or by pointer never hits, so it buys no speed.
 - Each timed output must be a plain tensor over memory of its own (checked on every call, no data
   read), and the outputs of a few timed calls drawn at random, and of the last one, are compared with
   the reference on those calls' own inputs: a candidate stale or wrong while timed fails, named.
@@ -42,14 +42,18 @@ class Baseline:
     roofline_ms: float | None
 
 
-def call_seed(cfg: EvalConfig, call: int) -> int:
-    return cfg.seed + _FIRST_TIMING_SEED + _SEED_STRIDE * call
+def call_seed(cfg: EvalConfig, call: int, salt: int) -> int:
+    return cfg.seed + _FIRST_TIMING_SEED + salt + _SEED_STRIDE * call
 
 
 def args_for_calls(program: Program, cfg: EvalConfig) -> MakeArgs:
-    """Fresh inputs per call; with the guard off, clones of two rotating sets (as before it)."""
+    """Fresh inputs per call; with the guard off, clones of two rotating sets (as before it).
+
+    A salt drawn from the OS per timing run keeps the values new across evaluations too: a later
+    candidate in the same worker never meets the values an earlier one was timed on."""
     if cfg.guards.fresh_inputs:
-        return lambda call: program.inputs(call_seed(cfg, call))
+        salt = random.SystemRandom().getrandbits(40)
+        return lambda call: program.inputs(call_seed(cfg, call, salt))
     sets = [program.inputs(cfg.seed + 1_000_003), program.inputs(cfg.seed + 2_000_003)]
     return lambda call: clone_args(sets[call % len(sets)])
 
@@ -153,10 +157,10 @@ def time_candidate(
     timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, baselines: dict[tuple[Any, ...], Baseline], baseline_key: tuple[Any, ...]
 ) -> tuple[TimingReport, TimedOutputCheck]:
     """Time both sides; raises Rejected or StageFailed when a guard fires."""
-    make_args = args_for_calls(program, cfg)
     key = (*baseline_key, cfg.guards.fresh_inputs)
     if key not in baselines:
-        baselines[key] = _baseline(timer, program, cfg, ref_model, make_args)
+        baselines[key] = _baseline(timer, program, cfg, ref_model, args_for_calls(program, cfg))
+    make_args = args_for_calls(program, cfg)
     base = baselines[key]
     check = TimedOutputCheck.drawn(program, cfg, ref_model, make_args, cfg.warmup, cfg.trials)
     candidate = timer.time(new_model, make_args, cfg.warmup, cfg.trials, after_call=check)
