@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
@@ -45,6 +47,14 @@ def one_line_error(result: Result, *phrases: str) -> None:
     assert "Traceback" not in result.output
     for phrase in phrases:
         assert phrase in lines[0], f"{phrase!r} not in {lines[0]!r}"
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """The commands point structlog at the CliRunner's stderr, closed after each invoke: later tests must not log there."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 class Captured(Exception):

@@ -277,7 +277,7 @@ def human_prompt(record: TurnRecord) -> str:
 # The parts of prompts/task.j2 around a turn's feedback: the attempt line (with the previous
 # code, when there was code) before it and the closing instruction after it.
 _ATTEMPT = re.compile(r"^This is attempt \d+ of \d+\.(?: Your previous attempt was:\n```python\n.*?\n```)?\n", re.S | re.M)
-_CLOSING = re.compile(r"\n*^Write (?:an improved ModelNew|ModelNew with custom kernels)\..*\Z", re.S | re.M)
+_CLOSING = re.compile(r"\n*^Write (?:an improved ModelNew|ModelNew with custom kernels)[^\n.]*\..*\Z", re.S | re.M)
 
 
 def feedback_of(record: TurnRecord) -> str:
