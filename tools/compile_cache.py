@@ -162,7 +162,7 @@ def trim_compiler_log(raw: str, line_maps: dict[str, tuple[int, int | None]], ma
         useful = [ln for ln in lines if ln.strip() and not ln.startswith("[")]
         return "\n".join(useful[-30:])[-4000:]
     if errors > max_errors:
-        picked.append(f"(more errors follow; fix these first)")
+        picked.append("(more errors follow; fix these first)")
     return "\n".join(picked)[:6000]
 
 

@@ -31,7 +31,13 @@ from tools.config import REDUCED_PRECISION_TOLERANCE, EvalConfig
 from tools.kernel_share import measure_kernel_share
 from tools.output_guards import output_problem
 from tools.programs import Program, clone_args, tensors_of
-from tools.results import CorrectnessReport, DistributionOutcome, KernelShare, Mismatch, TrialOutcome
+from tools.results import (
+    CorrectnessReport,
+    DistributionOutcome,
+    KernelShare,
+    Mismatch,
+    TrialOutcome,
+)
 
 DISTRIBUTION_NAMES = {"normal": "a signed standard normal", "normal_x4": "a signed standard normal times 4"}
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from tools.profiling import profiled_calls
 from tools.results import KernelShare
 
 CUSTOM_PREFIXES = ("kernel::", "triton::")
@@ -74,18 +74,9 @@ def measure_kernel_share(
     """Profile one call per argument set after the first (an unprofiled warm-up) and split their
     compute time. Each set should hold fresh values: a memo must not make the share."""
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     warm, *arg_sets = arg_sets
     iterations = len(arg_sets)
-    with torch.no_grad():
-        fn(*warm)
-        if cuda:
-            torch.cuda.synchronize(device)
-        with profile(activities=activities) as prof:
-            for args in arg_sets:
-                fn(*args)
-            if cuda:
-                torch.cuda.synchronize(device)
+    prof = profiled_calls(fn, warm, arg_sets, device)
     totals = split_events(list(prof.events()), cuda, non_compute)
     custom, library, aten = (totals[k] / 1000 / iterations for k in ("custom", "library", "aten"))
     everything = custom + library + aten

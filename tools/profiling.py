@@ -39,13 +39,13 @@ def render(rows: list[ProfileRow], device: str) -> str:
     return "\n".join(lines)
 
 
-def profile_forward(fn: Callable[..., Any], inputs: list[Any], device: torch.device, iterations: int = 3, rows: int = 12) -> ProfileReport:
+def profiled_calls(fn: Callable[..., Any], warm: list[Any], arg_sets: list[list[Any]], device: torch.device) -> profile:
+    """One unprofiled call, then one profiled call per argument set (all made beforehand, so the
+    harness's copies are not the candidate's), the device idle at both ends."""
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch.no_grad():
-        fn(*clone_args(inputs))
-        # Inputs are cloned before the profiled region: the harness's copies are not the candidate's.
-        arg_sets = [clone_args(inputs) for _ in range(iterations)]
+        fn(*warm)
         if cuda:
             torch.cuda.synchronize(device)
         with profile(activities=activities) as prof:
@@ -53,6 +53,12 @@ def profile_forward(fn: Callable[..., Any], inputs: list[Any], device: torch.dev
                 fn(*args)
             if cuda:
                 torch.cuda.synchronize(device)
+    return prof
+
+
+def profile_forward(fn: Callable[..., Any], inputs: list[Any], device: torch.device, iterations: int = 3, rows: int = 12) -> ProfileReport:
+    cuda = device.type == "cuda"
+    prof = profiled_calls(fn, clone_args(inputs), [clone_args(inputs) for _ in range(iterations)], device)
     events = [e for e in prof.key_averages() if not e.key.startswith(("ProfilerStep", "Activity Buffer Request"))]
     if cuda:
         # On CUDA the kernels themselves are listed; the host-side range around them would count twice.

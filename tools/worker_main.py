@@ -21,16 +21,19 @@ import torch
 
 from tools import sandbox
 from tools.compile_cache import CompileCache, CompileFailed, CompileLedger
-from tools.config import EvalConfig
+from tools.correctness import (
+    Rejected,
+    TrialContext,
+    check_correctness,
+    verify_after_timing,
+)
 from tools.faults import CUDA_FAULT_MARKERS, OOM_MARKERS
-from tools.correctness import Rejected, TrialContext, check_correctness, verify_after_timing
 from tools.jobs import EvalJob, JobReply, StageFailed
 from tools.profiling import profile_forward
 from tools.programs import Program, import_source, source_hash
 from tools.results import CompileReport, EvalStatus, Stage, TimingReport
 from tools.timing import Timer
 from tools.timing_stage import Baseline, time_candidate
-
 
 
 def classify(exc: BaseException) -> tuple[EvalStatus, bool]:
