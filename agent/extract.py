@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass
 
 _FENCE = re.compile(r"```[ \t]*(?P<lang>[\w+-]*)[ \t]*\n(?P<body>.*?)(?:```|\Z)", re.DOTALL)
+# A small model, asked for a fix, sometimes answers with the task's reference program itself.
+_REFERENCE_CLASS = re.compile(r"^class Model\b", re.MULTILINE)
+REFERENCE_ECHO = "it repeated the reference `class Model` instead of writing `class ModelNew` that calls your own kernel"
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,8 @@ def extract_candidate(reply: str) -> Extraction:
         return Extraction(None, "it contained no ```python code block")
     with_model = [b for b in blocks if "ModelNew" in b]
     if not with_model:
+        if any(_REFERENCE_CLASS.search(b) for b in blocks):
+            return Extraction(None, REFERENCE_ECHO)
         return Extraction(None, "no code block defines class ModelNew")
     code = with_model[-1].strip() + "\n"
     try:

@@ -16,6 +16,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 import prompts
 from agent.config import Variant
+from agent.extract import REFERENCE_ECHO
 from agent.state import Attempt, TaskSpec
 from tools.results import EvalResult, EvalStatus
 
@@ -108,7 +109,8 @@ def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
 
 def turn_feedback(previous: Attempt, variant: Variant) -> str:
     if previous.code is None:
-        head = previous.reply.strip()[:600] or "(empty reply)"
+        # An echo of the reference is not shown again: a small model copies the nearest code it sees.
+        head = "" if previous.extract_error == REFERENCE_ECHO else previous.reply.strip()[:600] or "(empty reply)"
         return prompts.render("feedback/no_code.j2", problem=previous.extract_error or "no code", reply_head=head)
     if not variant.execution or previous.result is None:
         return ""
@@ -132,8 +134,9 @@ def build_messages(
     user = prompts.render(
         "task.j2",
         interface=model_interface(task.source),
-        example_reference=spec.example_reference,
-        example_solution=spec.example_solution,
+        examples=spec.examples,
+        module_parts=spec.module_parts,
+        correct=previous is not None and previous.correct,
         hardware=hardware or "",
         task_name=task.name,
         task_source=task.source.strip(),

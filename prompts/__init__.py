@@ -17,13 +17,22 @@ ROOT = Path(__file__).parent
 
 
 @dataclass(frozen=True)
+class Example:
+    """A one-shot example: a reference program and a correct candidate for it (files in examples/)."""
+
+    reference: str
+    solution: str
+
+
+@dataclass(frozen=True)
 class BackendPrompt:
     name: str
     language: str
     device_phrase: str
     build_rule: str
-    example_reference: str
-    example_solution: str
+    module_parts: str
+    """What a complete answer holds, in words (the closing instruction of a later turn)."""
+    examples: tuple[Example, ...]
 
 
 @cache
@@ -57,8 +66,11 @@ def backend(name: str) -> BackendPrompt:
         language=entry["language"],
         device_phrase=entry["device_phrase"],
         build_rule=entry["build_rule"],
-        example_reference=(ROOT / entry["example_reference"]).read_text().strip(),
-        example_solution=(ROOT / entry["example_solution"]).read_text().strip(),
+        module_parts=entry["module_parts"],
+        examples=tuple(
+            Example(reference=(ROOT / e["reference"]).read_text().strip(), solution=(ROOT / e["solution"]).read_text().strip())
+            for e in entry["examples"]
+        ),
     )
 
 

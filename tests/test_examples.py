@@ -24,20 +24,23 @@ BACKENDS = sorted(tomllib.loads((prompts.ROOT / "backends.toml").read_text()))
 EXAMPLES = prompts.ROOT / "examples"
 
 
-def _example(backend: str) -> tuple[TaskProgram, str]:
-    spec = prompts.backend(backend)
-    return TaskProgram(name=f"example_{backend}", source=spec.example_reference + "\n"), spec.example_solution + "\n"
+EXAMPLE_IDS = [(b, i) for b in BACKENDS for i in range(len(prompts.backend(b).examples))]
+
+
+def _example(backend: str, index: int) -> tuple[TaskProgram, str]:
+    example = prompts.backend(backend).examples[index]
+    return TaskProgram(name=f"example_{backend}_{index}", source=example.reference + "\n"), example.solution + "\n"
 
 
 def test_every_example_file_is_one_a_backend_shows() -> None:
     table = tomllib.loads((prompts.ROOT / "backends.toml").read_text())
-    shown = {Path(entry[key]).name for entry in table.values() for key in ("example_reference", "example_solution")}
+    shown = {Path(e[key]).name for entry in table.values() for e in entry["examples"] for key in ("reference", "solution")}
     assert {p.name for p in EXAMPLES.glob("*.py")} == shown
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_example_keeps_its_reference_interface_and_extracts(backend: str) -> None:
-    task, solution = _example(backend)
+@pytest.mark.parametrize(("backend", "index"), EXAMPLE_IDS)
+def test_example_keeps_its_reference_interface_and_extracts(backend: str, index: int) -> None:
+    task, solution = _example(backend, index)
     reference, candidate = model_interface(task.source), model_interface(solution, class_name="ModelNew")
     assert reference is not None and candidate is not None
     assert (candidate.init, candidate.forward) == (reference.init, reference.forward)
@@ -45,19 +48,20 @@ def test_example_keeps_its_reference_interface_and_extracts(backend: str) -> Non
     assert extract_candidate(f"```python\n{solution}```\n").code == solution
 
 
-def test_cpp_example_is_correct_on_the_cpu(cpu_config: EvalConfig) -> None:
-    task, solution = _example("cpp")
+def test_cpp_examples_are_correct_on_the_cpu(cpu_config: EvalConfig) -> None:
     with Evaluator(cpu_config.model_copy(update={"backend": "cpp"})) as ev:
-        result = ev.evaluate(task, solution)
-    assert result.status is EvalStatus.CORRECT, result.message
-    assert result.correctness is not None and result.correctness.passed
+        for index in range(len(prompts.backend("cpp").examples)):
+            task, solution = _example("cpp", index)
+            result = ev.evaluate(task, solution)
+            assert result.status is EvalStatus.CORRECT, f"example {index}: {result.message}"
+            assert result.correctness is not None and result.correctness.passed
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cpp"])
-def test_gpu_example_is_correct_on_cuda(cache_dir: Path, backend: str) -> None:
-    task, solution = _example(backend)
+@pytest.mark.parametrize(("backend", "index"), [(b, i) for b, i in EXAMPLE_IDS if b != "cpp"])
+def test_gpu_example_is_correct_on_cuda(cache_dir: Path, backend: str, index: int) -> None:
+    task, solution = _example(backend, index)
     config = EvalConfig(device="cuda", cache_dir=cache_dir, trials=20, time_compiled_reference=False, backend=backend)
     with Evaluator(config) as ev:
         result = ev.evaluate(task, solution)

@@ -102,3 +102,40 @@ def test_the_prompt_states_the_task_interface_after_the_instruction() -> None:
     one = _prompt("class Model:\n    def __init__(self):\n        pass\n\n    def forward(self, x):\n        return x\n")
     assert "`def __init__(self)` and `def forward(self, x)` (1 input: x)." in one
     assert "keeps the interface" not in _prompt("def get_inputs():\n    return []\n")
+
+
+# --- code-block extraction ---
+
+from agent.extract import REFERENCE_ECHO, extract_candidate  # noqa: E402
+from agent.prompting import turn_feedback  # noqa: E402
+from agent.state import Attempt  # noqa: E402
+
+ECHO = '''Here is the code:
+```python
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+```
+'''
+
+
+def test_a_reply_that_repeats_the_reference_is_named_as_such() -> None:
+    found = extract_candidate(ECHO)
+    assert found.code is None and found.problem == REFERENCE_ECHO
+    # A block without either class keeps the plain message; one with ModelNew is taken.
+    assert extract_candidate("```python\nx = 1\n```").problem == "no code block defines class ModelNew"
+    both = ECHO + "```python\nclass ModelNew:\n    pass\n```\n"
+    assert extract_candidate(both).code == "class ModelNew:\n    pass\n"
+    # `class ModelNew` alone is not an echo of `class Model`, and a nested Model is not at line start.
+    assert extract_candidate("```python\n    class Model:\n        pass\n```").problem == "no code block defines class ModelNew"
+
+
+def test_the_echo_is_not_shown_back_but_other_unusable_replies_are() -> None:
+    echo = turn_feedback(Attempt(turn=1, reply=ECHO, extract_error=REFERENCE_ECHO), Variant.parse("G"))
+    assert REFERENCE_ECHO in echo and "softmax" not in echo and "The start of that reply" not in echo
+    prose = turn_feedback(Attempt(turn=1, reply="I would use OpenMP.", extract_error="it contained no ```python code block"),
+                          Variant.parse("G"))
+    assert "The start of that reply was:\nI would use OpenMP." in prose
