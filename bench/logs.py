@@ -20,6 +20,17 @@ def redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+class _CurrentStderr:
+    """Whatever sys.stderr is when a line is written: a caller that swaps it for a while (a test
+    runner, a CLI test's CliRunner, which then closes it) must not leave the logs writing there."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(quiet: bool = False, level: int = logging.INFO) -> None:
     structlog.configure(
         processors=[
@@ -29,7 +40,7 @@ def configure_logging(quiet: bool = False, level: int = logging.INFO) -> None:
             structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"], drop_missing=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING if quiet else level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]  # a file-like proxy
         cache_logger_on_first_use=False,
     )
     # httpx logs every request line at INFO; keep them out of what a person watches.
