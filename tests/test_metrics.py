@@ -65,6 +65,9 @@ def test_nan_where_reference_is_finite_fails() -> None:
 def test_tolerance_is_configurable() -> None:
     expected = torch.rand(32, 32) + 1
     actual = expected * (1 + 5e-3)
-    assert compare(expected, actual, EvalConfig()).passed
-    strict = EvalConfig(tolerances={"float32": {"atol": 1e-4, "rtol": 1e-4}})
-    assert not compare(expected, actual, strict).passed
+    # fp32 defaults to KernelBench HEAD's 1e-4; --tolerance (or the per-dtype table) loosens it.
+    default = compare(expected, actual, EvalConfig())
+    assert not default.passed and "outside atol=0.0001, rtol=0.0001" in default.reason
+    assert "the error is at reduced-precision level" in default.reason
+    assert compare(expected, actual, EvalConfig(tolerance=1e-2)).passed
+    assert compare(expected, actual, EvalConfig(tolerances={"float32": {"atol": 1e-2, "rtol": 1e-2}})).passed
