@@ -109,7 +109,7 @@ class Worker:
             extra["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         return sandbox.scrubbed_env(**extra)
 
-    def start(self) -> None:
+    def start(self, _retry: bool = False) -> None:
         self.close()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.workdir = Path(tempfile.mkdtemp(prefix="refinery-worker-"))
@@ -141,7 +141,13 @@ class Worker:
         started = time.monotonic()
         if not self.conn.poll(_STARTUP_TIMEOUT_S) or self._recv_or_none() != "ready":
             detail = sandbox.tail(self.log_path)
+            killed = self.proc.poll() == -signal.SIGKILL
             self.close()
+            if killed and not _retry:
+                # Killed from outside while starting (the OOM killer, an operator, the soak): not a
+                # broken installation, so one more start before saying so.
+                log.warning("worker_killed_while_starting", pid=self.pid)
+                return self.start(_retry=True)
             raise WorkerStartError(f"the evaluation worker did not start; its output:\n{detail}")
         self.last_start_s = time.monotonic() - started
         log.info("worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=round(self.last_start_s, 2))
