@@ -155,7 +155,7 @@ def _baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, m
 
 def time_candidate(
     timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, baselines: dict[tuple[Any, ...], Baseline], baseline_key: tuple[Any, ...]
-) -> tuple[TimingReport, TimedOutputCheck]:
+) -> TimingReport:
     """Time both sides; raises Rejected or StageFailed when a guard fires."""
     key = (*baseline_key, cfg.guards.fresh_inputs)
     if key not in baselines:
@@ -179,7 +179,7 @@ def time_candidate(
         speedup_ci95=speedup_interval(base.reference.samples_ms, candidate.samples_ms, seed=cfg.seed),
         fresh_inputs=cfg.guards.fresh_inputs, checked_calls=tuple(sorted(check.seen)), floor_ms=floor,
         reference_roofline_ms=base.roofline_ms,
-    ), check
+    )
 
 
 def _below_floor(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, make_args: MakeArgs, floor: float) -> None:

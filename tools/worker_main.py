@@ -181,7 +181,7 @@ def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
     baseline_key = (
         source_hash(job.task_source), cfg.warmup, cfg.trials, cfg.time_compiled_reference, cfg.seed, cfg.precision, cfg.allow_tf32,
     )
-    report, _ = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key)
+    report = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key)
     tampered = state.integrity.check()
     if tampered:
         raise StageFailed(EvalStatus.REJECTED, tampered)
