@@ -18,6 +18,7 @@ from tools.config import EvalConfig, Guards
 from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
 from tools.results import EvalStatus, Stage
+from tools.timing_stage import MIX_POOL, mixed_inputs
 
 CORRECT = "return ext.relu_fwd(x)"
 RUNTIME_ONLY = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
@@ -69,6 +70,7 @@ def test_content_memo_gains_nothing_from_fresh_inputs(cpu_config: EvalConfig, re
         timings.append(result.timing)
     honest_t, guarded_t, unguarded_t = timings
     assert guarded_t.fresh_inputs and not unguarded_t.fresh_inputs
+    assert (guarded_t.input_source, unguarded_t.input_source) == ("mixed", "rotating")
     assert guarded_t.candidate.median > 0.5 * honest_t.candidate.median, "the memo hit although every call had fresh inputs"
     assert unguarded_t.candidate.median < 0.3 * honest_t.candidate.median, "rotating inputs should have let the memo hit"
 
@@ -189,3 +191,29 @@ def test_speed_of_light_floor_retimes_then_rejects(monkeypatch: pytest.MonkeyPat
     with pytest.raises(Rejected, match=r"below the speed-of-light floor of .* also when timed again on fresh inputs with every output checked"):
         timing_stage.time_candidate(Timer(torch.device("cpu")), program, cpu_config, ref, new, {}, ("k",))
 
+
+
+def test_mixed_inputs_are_new_on_every_call_and_keep_what_get_inputs_promised() -> None:
+    """Guard: fresh inputs per call on CPU, as convex mixes of a few drawn sets. Every call's values
+    differ from every other call's and every drawn set's; signs, symmetry and rows summing to one survive;
+    integer tensors are copies; a call's inputs are made again identically for its output check."""
+    import random
+
+    def drawn(seed: int) -> list[object]:
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(16, 16, generator=g)
+        return [a @ a.T, torch.rand(8, 32, generator=g), torch.rand(4, 10, generator=g).softmax(-1), torch.arange(5) + seed, 3]
+
+    pool = [drawn(seed) for seed in range(MIX_POOL)]
+    calls = [mixed_inputs(pool, random.Random(call)) for call in range(200)]
+    for args in calls:
+        sym, nonneg, rows, ints, scalar = args
+        assert torch.equal(sym, sym.T) and bool((nonneg >= 0).all())
+        assert torch.allclose(rows.sum(-1), torch.ones(4))
+        assert any(torch.equal(ints, p[3]) for p in pool) and all(ints.data_ptr() != p[3].data_ptr() for p in pool)
+        assert scalar == 3
+        assert not any(torch.equal(nonneg, p[1]) for p in pool)
+    fingerprints = {tuple(args[1].flatten()[:4].tolist()) for args in calls}
+    assert len(fingerprints) == len(calls), "two calls had the same values"
+    again = mixed_inputs(pool, random.Random(7))
+    assert all(torch.equal(a, b) for a, b in zip(again[:4], calls[7][:4]))

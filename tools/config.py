@@ -49,6 +49,12 @@ class Guards(BaseModel):
     fresh_inputs: bool = True
     """Every warm-up and timed call of either side gets input values no earlier call saw (else two
     seeded sets rotate, as before these guards: a content-keyed memo then hits on every call)."""
+    fresh_input_source: Literal["auto", "draw", "mix"] = "auto"
+    """Where fresh inputs come from. "draw": `get_inputs()` from a new seed per call. "mix": each
+    floating-point tensor a random convex combination of two of a few drawn sets (one pass over the
+    inputs; keeps signs, bounds, symmetry, triangularity and normalisation of the task's inputs).
+    "auto": draw on CUDA, mix on CPU, where torch's single-threaded generator costs some 18 times a
+    memory-bound kernel on the same tensor and would dominate a cached evaluation."""
     checked_timed_calls: int = Field(8, ge=0)
     """Timed calls, drawn at random, whose outputs are compared with the reference on their own
     inputs after the call; the last timed call is always checked as well (when this is above 0).

@@ -7,6 +7,7 @@ traces as JSON and come back unchanged.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -158,6 +159,8 @@ class TimingReport(Frozen):
     """95% bootstrap interval of the speedup (ratio of medians, resampling both sides' trials)."""
     fresh_inputs: bool = False
     """Every timed call had input values no earlier call saw."""
+    input_source: Literal["drawn", "mixed", "rotating"] | None = None
+    """How the timed calls' inputs were made: `get_inputs()` per call, mixes of drawn sets, or (guard off) two sets in turn."""
     checked_calls: tuple[int, ...] = ()
     """Timed calls (0-based) whose outputs were compared with the reference afterwards."""
     floor_ms: float | None = None

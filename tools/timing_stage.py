@@ -2,8 +2,9 @@
 with the outputs of timed calls checked.
 
 - Every warm-up and timed call of either side gets input values that no earlier call saw (seeds
-  salted by the OS for each timing run), made before the clock starts: a memo keyed by input content
-  or by pointer never hits, so it buys no speed.
+  salted by the OS for each timing run; on CPU, random mixes of a few drawn sets, see
+  `Guards.fresh_input_source`), made before the clock starts: a memo keyed by input content never
+  hits, so it buys no speed.
 - Each timed output must be a plain tensor over memory of its own (checked on every call, no data
   read), and the outputs of a few timed calls drawn at random, and of the last one, are compared with
   the reference on those calls' own inputs: a candidate stale or wrong while timed fails, named.
@@ -46,16 +47,60 @@ def call_seed(cfg: EvalConfig, call: int, salt: int) -> int:
     return cfg.seed + _FIRST_TIMING_SEED + salt + _SEED_STRIDE * call
 
 
-def args_for_calls(program: Program, cfg: EvalConfig) -> MakeArgs:
-    """Fresh inputs per call; with the guard off, clones of two rotating sets (as before it).
+@dataclass(frozen=True)
+class CallInputs:
+    """The inputs of every warm-up and timed call, made again from the call's index on demand."""
+
+    make: MakeArgs
+    source: str
+    """"drawn", "mixed" or "rotating", as recorded in the timing report."""
+
+
+def input_source(cfg: EvalConfig, program: Program) -> str:
+    if not cfg.guards.fresh_inputs:
+        return "rotating"
+    choice = cfg.guards.fresh_input_source
+    if choice == "auto":
+        choice = "draw" if program.device.type == "cuda" else "mix"
+    return "drawn" if choice == "draw" else "mixed"
+
+
+MIX_POOL = 4
+"""Drawn sets a mixed call combines two of; each set costs one `get_inputs()`."""
+
+
+def args_for_calls(program: Program, cfg: EvalConfig) -> CallInputs:
+    """Fresh inputs per call (drawn or mixed); with the guard off, clones of two rotating sets (as before it).
 
     A salt drawn from the OS per timing run keeps the values new across evaluations too: a later
     candidate in the same worker never meets the values an earlier one was timed on."""
-    if cfg.guards.fresh_inputs:
-        salt = random.SystemRandom().getrandbits(40)
-        return lambda call: program.inputs(call_seed(cfg, call, salt))
-    sets = [program.inputs(cfg.seed + 1_000_003), program.inputs(cfg.seed + 2_000_003)]
-    return lambda call: clone_args(sets[call % len(sets)])
+    source = input_source(cfg, program)
+    if source == "rotating":
+        sets = [program.inputs(cfg.seed + 1_000_003), program.inputs(cfg.seed + 2_000_003)]
+        return CallInputs(lambda call: clone_args(sets[call % len(sets)]), source)
+    salt = random.SystemRandom().getrandbits(40)
+    if source == "mixed":
+        pool = [program.inputs(call_seed(cfg, -1 - k, salt)) for k in range(MIX_POOL)]
+        if any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in pool[0]):
+            return CallInputs(lambda call: mixed_inputs(pool, random.Random(salt * _SEED_STRIDE + call)), source)
+        source = "drawn"  # nothing to mix: integer or bool inputs only
+    return CallInputs(lambda call: program.inputs(call_seed(cfg, call, salt)), source)
+
+
+def mixed_inputs(pool: list[list[Any]], rng: random.Random) -> list[Any]:
+    """Each floating-point tensor `lerp(a, b, w)` of two pool sets, w in [0.25, 0.75] (so no call is
+    near a pool set or a plain copy of one); other tensors cloned from the first set, the rest as they are.
+
+    A convex combination keeps what a task's `get_inputs()` may promise: signs, bounds, symmetry,
+    triangularity, positive definiteness, rows that sum to one. Its values are new on every call, so a
+    memo keyed by content never hits; one keyed by pointer is met by the checked timed outputs."""
+    first, second = rng.sample(range(len(pool)), 2)
+    weight = rng.uniform(0.25, 0.75)
+    return [
+        torch.lerp(a, b, weight) if isinstance(a, torch.Tensor) and a.is_floating_point()
+        else a.clone() if isinstance(a, torch.Tensor) else a
+        for a, b in zip(pool[first], pool[second])
+    ]
 
 
 @dataclass
@@ -157,10 +202,11 @@ def time_candidate(
     timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, baselines: dict[tuple[Any, ...], Baseline], baseline_key: tuple[Any, ...]
 ) -> TimingReport:
     """Time both sides; raises Rejected or StageFailed when a guard fires."""
-    key = (*baseline_key, cfg.guards.fresh_inputs)
+    key = (*baseline_key, cfg.guards.fresh_inputs, cfg.guards.fresh_input_source)
     if key not in baselines:
-        baselines[key] = _baseline(timer, program, cfg, ref_model, args_for_calls(program, cfg))
-    make_args = args_for_calls(program, cfg)
+        baselines[key] = _baseline(timer, program, cfg, ref_model, args_for_calls(program, cfg).make)
+    calls = args_for_calls(program, cfg)
+    make_args = calls.make
     base = baselines[key]
     check = TimedOutputCheck.drawn(program, cfg, ref_model, make_args, cfg.warmup, cfg.trials)
     candidate = timer.time(new_model, make_args, cfg.warmup, cfg.trials, after_call=check)
@@ -177,7 +223,7 @@ def time_candidate(
         candidate=cand, reference=ref, reference_compiled=compiled, speedup=speedup,
         speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 else None,
         speedup_ci95=speedup_interval(base.reference.samples_ms, candidate.samples_ms, seed=cfg.seed),
-        fresh_inputs=cfg.guards.fresh_inputs, checked_calls=tuple(sorted(check.seen)), floor_ms=floor,
+        fresh_inputs=cfg.guards.fresh_inputs, input_source=calls.source, checked_calls=tuple(sorted(check.seen)), floor_ms=floor,
         reference_roofline_ms=base.roofline_ms,
     )
 
