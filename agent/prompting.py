@@ -117,6 +117,10 @@ def turn_feedback(previous: Attempt, variant: Variant) -> str:
     return evaluation_feedback(previous.result, variant)
 
 
+REDUCED_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+"""A reduced precision is named in the prompt: the kernels must read and write that dtype."""
+
+
 def build_messages(
     task: TaskSpec,
     backend: str,
@@ -146,7 +150,7 @@ def build_messages(
         previous_reply=previous.reply if previous is not None else None,
         feedback=turn_feedback(previous, variant) if previous is not None else "",
         idea=idea,
-        dtype={"fp16": "float16", "bf16": "bfloat16"}.get(precision, ""),  # the task prompt names a reduced precision
+        dtype=REDUCED_DTYPES.get(precision, ""),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]
 
@@ -160,6 +164,7 @@ def idea_messages(
     count: int,
     hardware: str | None,
     tolerance: float,
+    precision: str = "fp32",
 ) -> list[BaseMessage]:
     """Ask for `count` short optimisation ideas for the parent kernel (the reference when None)."""
     spec = prompts.backend(backend)
@@ -173,5 +178,6 @@ def idea_messages(
         feedback=turn_feedback(parent, variant) if parent is not None else "",
         tried=tried,
         count=count,
+        dtype=REDUCED_DTYPES.get(precision, ""),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]

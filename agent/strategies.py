@@ -189,7 +189,7 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
             tried = [n.idea for n in nodes if n.parent_id == (seed.node_id if seed else None) and n.idea]
             messages = idea_messages(
                 run.task, config.eval.kernel_backend, config.loop.parsed_variant, seed.attempt if seed else None,
-                tried, search.ideas, hardware, tol.rtol,
+                tried, search.ideas, hardware, tol.rtol, config.eval.precision,
             )
             metadata = {TURN_KEY: round_no, TASK_KEY: run.trajectory.task, "refinery_call": "ideas"}
             reply = call_model(run.model, messages, config.llm, config={"metadata": metadata})

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from agent.strategies import StrategyResult
     from agent.state import Attempt
 
-__all__ = ["STATUS_STYLE", "badge", "precision_text", "print_result", "print_trajectory_end", "speedup_text", "turn_line"]
+__all__ = ["STATUS_STYLE", "badge", "print_result", "print_trajectory_end", "speedup_text", "turn_line"]
 
 
 def speedup_text(timing: TimingReport) -> str:
@@ -27,17 +27,11 @@ def speedup_text(timing: TimingReport) -> str:
     return f"{timing.speedup:.2f}x"
 
 
-def precision_text(result: EvalResult) -> str:
-    """`fp16, atol = rtol = 0.01, TF32 off`: what the result was judged at."""
-    tolerance = "tolerance not recorded" if result.tolerance is None else f"atol = rtol = {result.tolerance:g}"
-    return f"{result.precision}, {tolerance}, TF32 {'allowed' if result.allow_tf32 else 'off'}"
-
-
 def print_result(console: Console, name: str, result: EvalResult) -> None:
     status = result.status.value if result.status else "passed"
     console.print(f"[bold]{name}[/]: {badge(status)}")
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_row("precision", precision_text(result))
+    table.add_row("precision", result.judged_at())
     if result.compile is not None:
         hit = "cached" if result.compile.cache_hits and not result.compile.cache_misses else "built"
         table.add_row("compile", f"{result.compile.seconds:.1f} s ({hit})" if result.compile.ok else "failed")

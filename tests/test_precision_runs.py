@@ -17,7 +17,7 @@ from typer.testing import CliRunner, Result
 
 from agent.config import Variant
 from agent.models import open_chat_model
-from agent.prompting import build_messages
+from agent.prompting import build_messages, idea_messages
 from agent.state import TaskSpec
 from bench.cli import app
 from bench.compare import compare, resolve_sides
@@ -167,6 +167,10 @@ def test_prompt_names_the_dtype_only_at_reduced_precision() -> None:
     assert "cast to float16" in fp16 and "bfloat16" not in fp16
     fp32 = build_messages(**args)[1].content  # type: ignore[arg-type]
     assert "cast to" not in fp32 and "float16" not in fp32
+    ideas = dict(task=task, backend="cpp", variant=Variant.parse("G"), parent=None, tried=[], count=3, hardware=None, tolerance=1e-2)
+    idea_bf16 = idea_messages(**ideas, precision="bf16")[1].content  # type: ignore[arg-type]
+    assert "cast to bfloat16 (torch.bfloat16)" in idea_bf16, idea_bf16
+    assert "cast to" not in idea_messages(**ideas)[1].content  # type: ignore[arg-type]
 
 
 def record(task: str, status: str, speedup: float | None, precision: str, tolerance: float | None, variant: str = "G+E") -> TrajectoryRecord:

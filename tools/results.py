@@ -255,6 +255,11 @@ class EvalResult(Frozen):
     def speedup(self) -> float | None:
         return self.timing.speedup if self.timing is not None and self.correct else None
 
+    def judged_at(self) -> str:
+        """`fp16, atol = rtol = 0.01, TF32 off`: the precision and tolerance the result was judged at."""
+        tolerance = "tolerance not recorded" if self.tolerance is None else f"atol = rtol = {self.tolerance:g}"
+        return f"{self.precision}, {tolerance}, TF32 {'allowed' if self.allow_tf32 else 'off'}"
+
     def headline(self) -> str:
         if self.status is EvalStatus.CORRECT and self.timing is not None:
             t = self.timing

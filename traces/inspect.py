@@ -307,7 +307,7 @@ def verdict_of(record: TurnRecord) -> Verdict:
     if result is None:
         what = record.extract_error or ("no code in the reply" if record.code is None else "not evaluated")
         return Verdict(status=record.status, headline=what, details=(), log="")
-    details: list[tuple[str, str]] = []
+    details: list[tuple[str, str]] = [("precision", result.judged_at())]
     if result.static is not None:
         details += [("rejected", r) for r in result.static.rejections]
         details += [("warning", w) for w in result.static.warnings]
