@@ -1,4 +1,4 @@
-"""Real C++ candidates for the CPU tests, built from one shared kernel source.
+"""Real C++ candidates for the CPU tests, built from one shared kernel source (the soak's, bench/soak/kernels.cpp).
 
 Every candidate passes the same source, name and flags to load_inline, so the compile cache
 builds the extension once per test session and each candidate only differs in its Python.
@@ -9,8 +9,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from bench.soak import KERNELS_CPP
+
 FIXTURES = Path(__file__).parent / "fixtures"
-KERNELS = (FIXTURES / "cpu_kernels.cpp").read_text()
+KERNELS = KERNELS_CPP.read_text()
 FUNCTIONS = ["relu_fwd", "scaled_relu", "leaky_wrong", "relu_inplace", "zeros", "touch", "crash", "spin", "hog", "copy_fwd", "relu_slow"]
 
 HEADER = f'''import torch

@@ -258,20 +258,20 @@ def test_kill_between_saved_writes_and_next_checkpoint_resumes(cpu_config: EvalC
 
 
 def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from fake_openai import Script, serve
+    from bench.soak.fake_server import FaultPlan, ServerLog, serve
 
     secret = "sk-refinery-test-0123456789abcdef"
     monkeypatch.setenv("REFINERY_TEST_KEY", secret)
-    script = Script(replies=[reply(RIGHT)], faults=[429, 500])
-    with serve(script) as url:
+    log = ServerLog()
+    with serve([reply(RIGHT)], log, FaultPlan(first=("http_429", "http_500"), retry_after_s=0)) as url:
         settings = ModelSettings(model="gpt-test", base_url=url, api_key_env="REFINERY_TEST_KEY", retries=4)
         config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
         result = run_trajectory(
             TaskSpec(name="relu", source=relu_task.source), config, build_chat_model(settings), evaluator,
             tmp_path, TrajectoryId(task="relu", variant="G+E"), run_id="k",
         )
-    assert script.auth_headers[-1] == f"Bearer {secret}", "the key was used for the call"
-    assert len(script.requests) == 3, "429 and 500 were retried"
+    assert log.auth_headers[-1] == f"Bearer {secret}", "the key was used for the call"
+    assert log.requests == 3, "429 and 500 were retried"
     assert result.best is not None
     everything = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert secret.encode() not in everything

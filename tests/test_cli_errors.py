@@ -107,16 +107,16 @@ def test_unreachable_endpoint_names_the_url_and_the_retries(tmp_path: Path) -> N
 
 
 def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
-    from fake_openai import Script, serve
+    from bench.soak.fake_server import FaultPlan, ServerLog, serve
 
-    script = Script(replies=["unused"], faults=[401])
-    with serve(script) as url:
+    log = ServerLog()
+    with serve(["unused"], log, FaultPlan(first=("http_401",))) as url:
         result = refinery(
             "run", "--task", RELU, "--model", "gpt-test", "--base-url", url, "--turns", "1", "--run-dir", tmp_path / "run",
             "--no-hardware-prompt", env={"OPENAI_API_KEY": "sk-test"},
         )
     assert_user_error(result, url, "refused the request (HTTP 401", "retrying will not help")
-    assert len(script.requests) == 1, "an authentication error is not retried"
+    assert log.requests == 1, "an authentication error is not retried"
 
 
 def test_run_directory_from_another_version(tmp_path: Path) -> None:

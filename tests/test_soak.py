@@ -6,8 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from bench.soak import main
-from bench.soak_server import FAULTS
+from bench.soak.fake_server import FAULTS
+from bench.soak.run import main
 
 
 def test_short_soak_survives_every_fault(tmp_path: Path, cache_dir: Path) -> None:
@@ -100,7 +100,7 @@ def test_a_reply_with_unicode_line_separators_keeps_its_trace_line(tmp_path: Pat
 
 
 def test_a_failed_round_is_charged_to_the_error_its_log_ends_with(tmp_path: Path) -> None:
-    from bench.soak import Totals, _cause
+    from bench.soak.run import Totals, _cause
 
     log = tmp_path / "faulty.log"
     log.write_text(

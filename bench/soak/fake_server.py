@@ -1,11 +1,14 @@
 """A scripted OpenAI-compatible chat endpoint on 127.0.0.1 that injects transport faults.
 
-The reply to a request is fixed by the task and turn named in its prompt ("named TASK:", "This is
-attempt N of M."), so a run with faults and one without get the same replies. Before a reply,
-a seeded draw may answer with a fault instead: 429 with Retry-After, 500, a connection reset,
-a stall past the client's timeout, or a body cut short of its Content-Length. A request is never
-faulted more than `max_consecutive` times in a row, so a client with more retries always gets
-its reply.
+The soak runs its experiments against it, and the tests of the real client path use it too.
+
+Replies are a list, served in order (the last one repeats), or a dict from task to replies by
+turn, both read from the prompt ("named TASK:", "This is attempt N of M."), so a run with faults
+and one without get the same replies. Before a reply, a `FaultPlan` may answer with a fault
+instead: first the faults it lists for the first requests, then a seeded draw among 429 with
+Retry-After, 500, a connection reset, a stall past the client's timeout, or a body cut short of
+its Content-Length. A drawn fault never hits one request more than `max_consecutive` times in a
+row, so a client with more retries always gets its reply.
 """
 
 from __future__ import annotations
@@ -25,17 +28,26 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULTS = ("http_429", "http_500", "reset", "stall", "truncated")
+"""What a draw picks from. `FaultPlan.first` also takes "http_NNN" for any status NNN."""
 
 _TASK = re.compile(r"named (\S+?):\n")
 _TURN = re.compile(r"This is attempt (\d+) of \d+\.")
+_HTTP = re.compile(r"http_(\d{3})")
+_ERROR_TYPE = {429: "rate_limit", 500: "server_error"}
+
+Replies = list[str] | dict[str, list[str]]
+"""In order of requests served, or by the task and turn that the prompt names."""
 
 
 @dataclass
 class FaultPlan:
-    """How often each transport fault is drawn; the draw is seeded."""
+    """Which requests get a fault instead of a reply."""
 
+    first: tuple[str, ...] = ()
+    """Faults for the first requests, one each, in order: e.g. ("http_429", "http_500")."""
+    rate: float = 0.0
+    """After those, each request draws a fault from `kinds` with this chance; the draw is seeded."""
     seed: int = 0
-    rate: float = 0.35
     kinds: tuple[str, ...] = FAULTS
     stall_s: float = 8.0
     retry_after_s: float = 1.0
@@ -44,7 +56,7 @@ class FaultPlan:
 
 @dataclass
 class ServerLog:
-    """What the endpoint saw and did; read by the soak for its figures."""
+    """What the endpoint saw and did; read by the soak for its figures and by the tests."""
 
     requests: int = 0
     served: int = 0
@@ -53,8 +65,11 @@ class ServerLog:
     """Requests that repeated one whose previous try was faulted."""
     unknown: int = 0
     """Requests whose prompt named no scripted task (answered with a reply without code)."""
+    auth_headers: list[str] = field(default_factory=list)
+    """Each request's Authorization header, in order."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending: Counter = field(default_factory=Counter)
+    _drawn: int = 0
 
 
 def prompt_of(body: dict) -> str:
@@ -72,10 +87,24 @@ def _completion(text: str, prompt_tokens: int) -> dict:
         "id": f"chatcmpl-{time.time_ns()}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": "soak",
+        "model": "scripted",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text) // 4, "total_tokens": prompt_tokens + len(text) // 4},
     }
+
+
+def _fault(plan: FaultPlan, log: ServerLog, key: str, rng: random.Random) -> str | None:
+    """The fault this request gets, if any; call with log.lock held."""
+    if log.requests <= len(plan.first):
+        kind = plan.first[log.requests - 1]
+    elif log._pending[key] < plan.max_consecutive and rng.random() < plan.rate:
+        # Every kind once first, in order, so even a short run meets each of them.
+        kind = plan.kinds[log._drawn] if log._drawn < len(plan.kinds) else rng.choice(plan.kinds)
+        log._drawn += 1
+    else:
+        return None
+    log.faults[kind] += 1
+    return kind
 
 
 class _Server(ThreadingHTTPServer):
@@ -87,9 +116,10 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def serve(script: dict[str, list[str]], plan: FaultPlan | None, log: ServerLog) -> Iterator[str]:
+def serve(replies: Replies, log: ServerLog, plan: FaultPlan | None = None) -> Iterator[str]:
     """Run the endpoint; yields its base URL (".../v1"). No plan: no faults."""
-    rng = random.Random(plan.seed if plan else 0)
+    plan = plan or FaultPlan()
+    rng = random.Random(plan.seed)
     stop = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
@@ -118,50 +148,45 @@ def serve(script: dict[str, list[str]], plan: FaultPlan | None, log: ServerLog) 
             except OSError:
                 pass
 
+        def _reply_text(self, prompt: str) -> str:
+            """Call with log.lock held."""
+            if isinstance(replies, list):
+                return replies[min(log.served, len(replies) - 1)]
+            task, turn = task_and_turn(prompt)
+            by_turn = replies.get(task or "")
+            if by_turn is None:
+                log.unknown += 1
+                return "I cannot help with that."
+            return by_turn[min(turn, len(by_turn)) - 1]
+
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             prompt = prompt_of(body)
             key = hashlib.sha256(prompt.encode()).hexdigest()
-            task, turn = task_and_turn(prompt)
             with log.lock:
                 log.requests += 1
+                log.auth_headers.append(self.headers.get("authorization", ""))
                 if log._pending[key] > 0:
                     log.retries += 1
-                kind = None
-                if plan is not None and log._pending[key] < plan.max_consecutive and rng.random() < plan.rate:
-                    injected = sum(log.faults.values())
-                    # Every kind once first, in order, so even a short run meets each of them.
-                    kind = plan.kinds[injected] if injected < len(plan.kinds) else rng.choice(plan.kinds)
-                    log.faults[kind] += 1
-                    log._pending[key] += 1
-                else:
-                    log._pending[key] = 0
-            if kind == "http_429":
-                error = json.dumps({"error": {"message": "injected rate limit", "type": "rate_limit"}}).encode()
-                self._send(429, error, {"retry-after": f"{plan.retry_after_s:g}"})  # type: ignore[union-attr]
-                return
-            if kind == "http_500":
-                error = json.dumps({"error": {"message": "injected server error", "type": "server_error"}}).encode()
-                self._send(500, error)
+                kind = _fault(plan, log, key, rng)
+                log._pending[key] = 0 if kind is None else log._pending[key] + 1
+                # A truncated body is cut from the reply the request would have had.
+                text = self._reply_text(prompt) if kind in (None, "truncated") else ""
+            if kind is not None and (status := _HTTP.fullmatch(kind)):
+                code = int(status.group(1))
+                error = {"error": {"message": f"injected HTTP {code}", "type": _ERROR_TYPE.get(code, "injected")}}
+                self._send(code, json.dumps(error).encode(), {"retry-after": f"{plan.retry_after_s:g}"} if code == 429 else None)
                 return
             if kind == "reset":
                 self._drop(reset=True)
                 return
             if kind == "stall":
-                stop.wait(plan.stall_s)  # type: ignore[union-attr]
+                stop.wait(plan.stall_s)
                 self._drop(reset=False)
                 return
-            replies = script.get(task or "")
-            if replies is None:
-                with log.lock:
-                    log.unknown += 1
-                text = "I cannot help with that."
-            else:
-                text = replies[min(turn, len(replies)) - 1]
             payload = json.dumps(_completion(text, len(prompt) // 4)).encode()
             if kind == "truncated":
-                cut = len(payload) // 2
-                self._send(200, payload[:cut], declared=len(payload))
+                self._send(200, payload[: len(payload) // 2], declared=len(payload))
                 self._drop(reset=False)
                 return
             self._send(200, payload)
@@ -169,7 +194,7 @@ def serve(script: dict[str, list[str]], plan: FaultPlan | None, log: ServerLog) 
                 log.served += 1
 
     server = _Server(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True, name="soak-endpoint")
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name="fake-openai-endpoint")
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1"

@@ -1,7 +1,7 @@
 """Where an evaluation's wall time goes: cold compile, cached compile, correctness, timing, profile.
 
-    python -m bench.perf_eval --device cuda     # KernelBench level-1 ReLU shape, 4096 x 393216 fp32
-    python -m bench.perf_eval --device cpu      # the same program at a CPU size
+    python -m bench.perf.eval --device cuda     # KernelBench level-1 ReLU shape, 4096 x 393216 fp32
+    python -m bench.perf.eval --device cpu      # the same program at a CPU size
 
 Each evaluation runs in a fresh worker process (its start is part of the wall time): first with
 an empty build cache (cold), then with the cache the first one filled (cached).
@@ -48,10 +48,8 @@ def get_init_inputs():
 """
 
 SIZES = {"cuda": (4096, 393216), "cpu": (64, 65536)}
-CANDIDATES = {
-    "cuda": Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "cuda_solutions" / "1_relu.py",
-    "cpu": Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "cpu_solutions" / "1_relu.py",
-}
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+CANDIDATES = {"cuda": FIXTURES / "cuda_solutions" / "1_relu.py", "cpu": FIXTURES / "cpu_solutions" / "1_relu.py"}
 PHASES = ("static", "compile", "correctness", "timing", "profile")
 
 

@@ -1,6 +1,6 @@
 """Time each task's reference at its CPU size and estimate its cost at its GPU size.
 
-    python -m bench.measure_suite [--suite builtin] [--levels 1,2] [--filter relu] [--device cuda]
+    python -m bench.perf.measure_suite [--suite builtin] [--levels 1,2] [--filter relu] [--device cuda]
 
 The times are medians over eager forward calls under no_grad, on one CPU thread at the CPU
 size: wall clock, and the thread's own CPU time, which leaves out waiting for a core on a

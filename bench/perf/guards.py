@@ -1,7 +1,7 @@
 """What the guards against stale, aliased, deferred and decoy outputs cost, measured side by side.
 
-    python -m bench.perf_guards --device cuda    # KernelBench level-1 ReLU shape, 4096 x 393216 fp32
-    python -m bench.perf_guards --device cpu     # the same program at a CPU size
+    python -m bench.perf.guards --device cuda    # KernelBench level-1 ReLU shape, 4096 x 393216 fp32
+    python -m bench.perf.guards --device cpu     # the same program at a CPU size
 
 One cold evaluation fills the build cache; then each round evaluates the same correct candidate
 twice in fresh workers (the cached evaluation), once with every guard off (as before them: two
@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.perf_eval import CANDIDATES, PHASES, RELU_TASK, SIZES, timed_evaluation
+from bench.perf.eval import CANDIDATES, PHASES, RELU_TASK, SIZES, timed_evaluation
 from tools.config import EvalConfig, Guards
 from tools.jobs import TaskProgram
 

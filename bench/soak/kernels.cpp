@@ -1,23 +1,74 @@
-// The soak's candidates: one source, one build, shared by every candidate through the compile cache.
-// relu_slow is correct and clearly slower than torch.relu; the others are faults.
+// Every C++ candidate of the soak and of the CPU tests: one source, one build per user (each binds
+// the functions it needs), shared by all of that user's candidates through the compile cache.
+// Correct: relu_fwd, scaled_relu, relu_slow, chain. Wrong: leaky_wrong, relu_inplace, zeros,
+// copy_fwd, gelu_wrong. Faults: crash, spin, hog, oob_write; chatty and forker are correct but noisy.
 #include <torch/extension.h>
 #include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <unistd.h>
 
-torch::Tensor relu_slow(torch::Tensor x) {
+torch::Tensor relu_fwd(torch::Tensor x) {
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
     const float* a = xc.data_ptr<float>();
     float* b = y.data_ptr<float>();
     const int64_t n = xc.numel();
-    for (int repeat = 0; repeat < 2; ++repeat) {
-        for (int64_t i = 0; i < n; ++i) {
-            volatile float v = a[i];
-            b[i] = v > 0.f ? v : 0.f;
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) b[i] = a[i] > 0.f ? a[i] : 0.f;
+    return y;
+}
+
+torch::Tensor scaled_relu(torch::Tensor x, double scale) {
+    auto y = relu_fwd(x);
+    float* b = y.data_ptr<float>();
+    for (int64_t i = 0; i < y.numel(); ++i) b[i] = b[i] * (float)scale;
+    return y;
+}
+
+// A correct but slow ReLU: `reps` passes over the data, so that skipped work shows in its time.
+torch::Tensor relu_slow(torch::Tensor x, int64_t reps) {
+    auto y = relu_fwd(x);
+    float* b = y.data_ptr<float>();
+    const float* a = x.contiguous().data_ptr<float>();
+    for (int64_t r = 1; r < reps; ++r) {
+        for (int64_t i = 0; i < y.numel(); ++i) {
+            volatile float v = a[i] > 0.f ? a[i] : 0.f;
+            b[i] = v;
         }
     }
+    return y;
+}
+
+// Wrong on purpose: negatives leak through at half strength.
+torch::Tensor leaky_wrong(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    const float* a = x.data_ptr<float>();
+    float* b = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) b[i] = a[i] > 0.f ? a[i] : 0.5f * a[i];
+    return y;
+}
+
+torch::Tensor relu_inplace(torch::Tensor x) {
+    float* a = x.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) a[i] = a[i] > 0.f ? a[i] : 0.f;
+    return x;
+}
+
+torch::Tensor zeros(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    float* b = y.data_ptr<float>();
+    for (int64_t i = 0; i < y.numel(); ++i) b[i] = 0.f;
+    return y;
+}
+
+void touch(torch::Tensor x) { (void)x.numel(); }
+
+// The identity, into a new tensor: a "ReLU" that is only right on non-negative inputs.
+torch::Tensor copy_fwd(torch::Tensor x) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    std::memcpy(y.data_ptr<float>(), xc.data_ptr<float>(), xc.numel() * sizeof(float));
     return y;
 }
 
@@ -58,7 +109,7 @@ torch::Tensor chatty(torch::Tensor x) {
     line[sizeof(line) - 1] = '\n';
     for (int i = 0; i < 512; ++i) std::fwrite(line, 1, sizeof(line), stdout);
     std::fflush(stdout);
-    return relu_slow(x);
+    return relu_slow(x, 2);
 }
 
 torch::Tensor forker(torch::Tensor x) {
@@ -71,7 +122,7 @@ torch::Tensor forker(torch::Tensor x) {
             _exit(0);
         }
     }
-    return relu_slow(x);
+    return relu_slow(x, 2);
 }
 
 // Level 2, 9_bias_tanh_clamp_chain: one pass instead of five; clearly faster than eager.

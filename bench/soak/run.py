@@ -1,10 +1,10 @@
 """Soak test of the experiment runner: faults everywhere, nothing lost, the same table.
 
 Each round runs `refinery experiment` on three built-in CPU tasks against a scripted endpoint on
-127.0.0.1 (bench/soak_server.py) that injects transport faults: 429 with Retry-After, 500, a
+127.0.0.1 (bench/soak/fake_server.py) that injects transport faults: 429 with Retry-After, 500, a
 connection reset, a stall past the client timeout, a truncated body. The scripted replies mix
 correct kernels with replies without code, garbage, and candidates that segfault, hang, exhaust
-memory, write out of bounds, print megabytes, and fork (bench/soak_kernels.cpp, one extension).
+memory, write out of bounds, print megabytes, and fork (bench/soak/kernels.cpp, one extension).
 During the round the soak SIGKILLs evaluation workers, and SIGKILLs the experiment process once
 and runs the same command again. The same script then runs without any fault into another run
 directory, and the two tables must agree on their deterministic parts.
@@ -32,9 +32,10 @@ from pathlib import Path
 import psutil
 
 from bench.experiment import ExperimentConfig, TrajectoryRecord, plan, read_results, results_path
-from bench.soak_server import FaultPlan, ServerLog, serve
+from bench.soak import KERNELS_CPP
+from bench.soak.fake_server import FaultPlan, ServerLog, serve
 
-KERNELS = (Path(__file__).parent / "soak_kernels.cpp").read_text()
+KERNELS = KERNELS_CPP.read_text()
 FUNCTIONS = ["relu_slow", "crash", "spin", "hog", "oob_write", "chatty", "forker", "chain", "gelu_wrong"]
 TASKS = {"1_relu": "level1/1_relu", "2_gelu": "level1/2_gelu", "9_bias_tanh_clamp_chain": "level2/9_bias_tanh_clamp_chain"}
 TASK_FILTER = "[129]_[rgb]*"  # 1_relu, 2_gelu (level 1) and 9_bias_tanh_clamp_chain (level 2)
@@ -64,7 +65,7 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        return ext.{fn}(x)
+        return ext.{call}
 '''
 
 _CHAIN = '''
@@ -82,7 +83,7 @@ class ModelNew(nn.Module):
 '''
 
 # What the correct kind is for each task, and what the table must say about it.
-_CORRECT_FN = {"1_relu": "relu_slow", "2_gelu": "gelu_wrong", "9_bias_tanh_clamp_chain": None}
+_CORRECT_CALL = {"1_relu": "relu_slow(x, 2)", "2_gelu": "gelu_wrong(x)", "9_bias_tanh_clamp_chain": None}
 
 
 def fence(code: str) -> str:
@@ -116,9 +117,9 @@ def reply(task: str, kind: str, rng: random.Random) -> str:
         junk = "".join(rng.choice("{}[]()<>;:=+-*/#@!~^%$ \nabcxyzModelNew") for _ in range(400))
         return f"```python\n{junk}\n```\n" + "".join(chr(rng.randrange(0x20, 0x2FF)) for _ in range(200))
     if kind == "correct":
-        fn = _CORRECT_FN[task]
-        return fence(HEADER + (_CHAIN if fn is None else _PLAIN.format(fn=fn)))
-    return fence(HEADER + _PLAIN.format(fn=kind))
+        call = _CORRECT_CALL[task]
+        return fence(HEADER + (_CHAIN if call is None else _PLAIN.format(call=call)))
+    return fence(HEADER + _PLAIN.format(call=f"{kind}(x)"))
 
 
 SHORT_SCRIPT = {
@@ -411,7 +412,7 @@ def clean_records(config_toml: str, script: dict[str, list[str]], run_dir: Path,
                   deadline: float) -> list[TrajectoryRecord]:
     """The same script through a fault-free endpoint, uninterrupted."""
     server_log = ServerLog()
-    with serve(script, None, server_log) as url:
+    with serve(script, server_log) as url:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = run_dir.parent / f"{run_dir.name}.toml"
         config_path.write_text(config_toml.replace("@BASE_URL@", url))
@@ -440,7 +441,7 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     pids: set[int] = set()
     launches = 0
     kills_this_round = 0
-    with serve(script, fault_plan, server_log) as url:
+    with serve(script, server_log, fault_plan) as url:
         config_path = round_dir / "faulty.toml"
         config_path.write_text(config_toml.replace("@BASE_URL@", url))
         config = ExperimentConfig.from_toml(config_path)
@@ -534,7 +535,7 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--short", action="store_true", help="one small round covering every fault (the tests)")
     mode.add_argument("--minutes", type=float, help="run rounds until this many minutes are spent")

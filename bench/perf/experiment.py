@@ -1,6 +1,6 @@
 """Experiment runner throughput, device busy fraction and per-turn overhead, measured side by side.
 
-    python -m bench.perf_experiment            # CPU, scripted model, built-in tasks
+    python -m bench.perf.experiment            # CPU, scripted model, built-in tasks
 
 1. Throughput: the same scripted experiment with 1 and with 2 evaluation workers (each pinned to
    its own cores), kernels already built; evaluations per minute and their ratio.
@@ -29,7 +29,7 @@ from tools.jobs import TaskProgram
 from tools.pool import EvaluatorPool, cpu_groups
 from traces.store import iter_trajectories
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "tests" / "fixtures" / "cpu_solutions"
 CHAIN = "level2/9_bias_tanh_clamp_chain"
 
