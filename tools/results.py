@@ -150,6 +150,8 @@ class TimingReport(Frozen):
     candidate: TimingStats
     reference: TimingStats
     reference_compiled: TimingStats | None = None
+    compiled_error: str | None = None
+    """Why there is no torch.compile baseline although one was asked for (its exception, trimmed)."""
     speedup: float
     speedup_vs_compiled: float | None = None
     suspicious: bool = False

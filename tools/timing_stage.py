@@ -31,6 +31,7 @@ from tools.roofline import nbytes, output_floor_ms, peaks, reference_roofline_ms
 from tools.timing import MakeArgs, Timed, Timer, speedup_interval
 
 _SEED_STRIDE = 7919
+_COMPILED_ERROR_CHARS = 500
 _FIRST_TIMING_SEED = 50_000_017
 
 
@@ -41,6 +42,8 @@ class Baseline:
     reference: Timed
     compiled: TimingStats | None
     roofline_ms: float | None
+    compiled_error: str | None = None
+    """Why torch.compile of the reference gave no baseline, when it failed."""
 
 
 def call_seed(cfg: EvalConfig, call: int, salt: int) -> int:
@@ -184,18 +187,18 @@ def sampled(expected: torch.Tensor, actual: Any) -> tuple[torch.Tensor, Any]:
 
 def _baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, make_args: MakeArgs) -> Baseline:
     reference = timer.time(ref_model, make_args, cfg.warmup, cfg.trials)
-    compiled = None
+    compiled = compiled_error = None
     if cfg.time_compiled_reference:
         try:
             compiled = timer.time(torch.compile(ref_model), make_args, max(cfg.warmup, 1), cfg.trials).stats
-        except Exception as exc:  # torch.compile can fail on a machine without a toolchain
-            print(f"torch.compile of the reference failed, no compiled baseline: {exc}", file=sys.stderr)
+        except Exception as exc:  # torch.compile can fail on a machine without a toolchain: the report says why
+            compiled_error = f"{type(exc).__name__}: {str(exc).strip()[:_COMPILED_ERROR_CHARS]}"
     try:
         roofline = reference_roofline_ms(ref_model, program.inputs(cfg.seed + 1_000_003), program.device)
     except Exception as exc:  # information only: an op the counter cannot follow leaves it unknown
         print(f"no roofline for the reference: {exc}", file=sys.stderr)
         roofline = None
-    return Baseline(reference=reference, compiled=compiled, roofline_ms=roofline)
+    return Baseline(reference=reference, compiled=compiled, roofline_ms=roofline, compiled_error=compiled_error)
 
 
 def time_candidate(
@@ -220,7 +223,7 @@ def time_candidate(
     speedup = ref.median / cand.median if cand.median > 0 else float("inf")
     compiled = base.compiled
     return TimingReport(
-        candidate=cand, reference=ref, reference_compiled=compiled, speedup=speedup,
+        candidate=cand, reference=ref, reference_compiled=compiled, compiled_error=base.compiled_error, speedup=speedup,
         speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 else None,
         speedup_ci95=speedup_interval(base.reference.samples_ms, candidate.samples_ms, seed=cfg.seed),
         fresh_inputs=cfg.guards.fresh_inputs, input_source=calls.source, checked_calls=tuple(sorted(check.seen)), floor_ms=floor,
