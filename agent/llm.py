@@ -31,6 +31,12 @@ from traces.schema import TokenUsage
 
 log = structlog.get_logger()
 
+# Keys of the metadata each model call carries (in langchain's RunnableConfig): which turn and task
+# it serves, and for a call other than a kernel's, what it is for. Callbacks and the scripted model read them.
+TURN_KEY = "refinery_turn"
+TASK_KEY = "refinery_task"
+CALL_KEY = "refinery_call"
+
 RETRYABLE = (
     openai.RateLimitError,
     openai.APITimeoutError,

@@ -16,8 +16,7 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-TURN_KEY = "refinery_turn"
-TASK_KEY = "refinery_task"
+from agent.llm import TASK_KEY, TURN_KEY
 
 
 class ScriptedChatModel(FakeMessagesListChatModel):
