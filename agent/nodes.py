@@ -20,9 +20,8 @@ from langgraph.runtime import Runtime
 from agent.budget import Budget
 from agent.config import RunConfig
 from agent.extract import extract_candidate
-from agent.llm import call_model
+from agent.llm import TASK_KEY, TURN_KEY, call_model
 from agent.prompting import build_messages
-from agent.scripted import TASK_KEY, TURN_KEY
 from agent.state import Attempt, Outcome, RefineState
 from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
@@ -45,7 +44,6 @@ class AgentContext:
     trajectory: TrajectoryId
     hardware: str | None = None
     on_turn: Callable[[Attempt], None] | None = None
-    counters: dict[str, int] = field(default_factory=dict)
     budget: Budget = field(default_factory=Budget)
     """Evaluations and tokens left; shared by every trajectory of one strategy run."""
 
@@ -84,7 +82,6 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
     )
     started = time.perf_counter()
     reply = call_model(ctx.model, messages, cfg.llm, config={"metadata": {TURN_KEY: turn, TASK_KEY: ctx.trajectory.task}})
-    ctx.counters["llm_retries"] = ctx.counters.get("llm_retries", 0) + reply.retries
     ctx.budget.spend_tokens(reply.tokens.total)
     draft = Attempt(
         turn=turn,
@@ -140,7 +137,7 @@ def profile(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any
         assert draft.result is not None
         draft = _timed(draft, "nsight", time.perf_counter() - started, result=draft.result.merge(counters))
     log.info("node", node="profile", task=state["task"].name, turn=draft.turn, speedup=draft.speedup)
-    return {"draft": draft, "outcome": Outcome.TIMED}
+    return {"draft": draft}
 
 
 def decide(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tools.results import EvalResult
 from traces.schema import TokenUsage, TraceMessage
+from traces.verdict import Verdict
 
 
 class Outcome(str, Enum):
@@ -24,7 +25,6 @@ class Outcome(str, Enum):
     COMPILE_FAIL = "compile_fail"
     CORRECT = "correct"
     WRONG = "wrong"
-    TIMED = "timed"
     CONTINUE = "continue"
     DONE = "done"
 
@@ -58,6 +58,10 @@ class Attempt(BaseModel):
     @property
     def speedup(self) -> float | None:
         return self.result.speedup if self.correct and self.result is not None else None
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.of(self.code, self.result)
 
 
 def best_attempt(attempts: list[Attempt]) -> Attempt | None:

@@ -28,20 +28,16 @@ from langgraph.runtime import Runtime
 from agent.budget import Budget
 from agent.config import RunConfig
 from agent.graph import NODES, ROUTES
-from agent.llm import call_model
+from agent.llm import CALL_KEY, TASK_KEY, TURN_KEY, call_model
 from agent.nodes import AgentContext, turn_record
 from agent.prompting import idea_messages
 from agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
-from agent.scripted import TASK_KEY, TURN_KEY
 from agent.state import Attempt, RefineState, TaskSpec
 from tools.evaluator import Evaluator
 from traces.schema import TokenUsage, TrajectoryId
 from traces.store import append_turn, trace_path
 
 log = structlog.get_logger()
-
-# Worst to best, for seeding a beam round when no kernel is correct yet: fix the closest one.
-_STATUS_RANK = ["rejected", "compile_error", "timeout", "oom", "cuda_fault", "runtime_error", "incorrect", "correct"]
 
 
 @dataclass(frozen=True)
@@ -135,10 +131,9 @@ class BeamNode:
 
 
 def rank_key(node: BeamNode) -> tuple[bool, float, int]:
-    """Correct before not, then faster, then the failure closest to correct."""
+    """Correct before not, then faster, then the failure closest to correct (the verdict's rank)."""
     a = node.attempt
-    status = a.result.status.value if a.result is not None and a.result.status is not None else "rejected"
-    return (a.correct, a.speedup or 0.0, _STATUS_RANK.index(status) if status in _STATUS_RANK else 0)
+    return (a.correct, a.speedup or 0.0, a.verdict.rank)
 
 
 def select_seeds(nodes: list[BeamNode], width: int) -> list[BeamNode]:
@@ -191,7 +186,7 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
                 run.task, config.eval.kernel_backend, config.loop.parsed_variant, seed.attempt if seed else None,
                 tried, search.ideas, hardware, tol.rtol, config.eval.precision,
             )
-            metadata = {TURN_KEY: round_no, TASK_KEY: run.trajectory.task, "refinery_call": "ideas"}
+            metadata = {TURN_KEY: round_no, TASK_KEY: run.trajectory.task, CALL_KEY: "ideas"}
             reply = call_model(run.model, messages, config.llm, config={"metadata": metadata})
             budget.spend_tokens(reply.tokens.total)
             tokens = tokens + reply.tokens

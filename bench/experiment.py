@@ -2,7 +2,7 @@
 
 A run directory holds:
 - config.json: the settings (re-running the same command resumes);
-- results.jsonl: one record per finished trajectory;
+- results.jsonl: one versioned record per finished trajectory (see RESULTS_SCHEMA_VERSION);
 - traces/: one JSONL trace per trajectory;
 - checkpoints.sqlite: LangGraph checkpoints of unfinished trajectories;
 - precisions.json: the tolerance and TF32 policy of each precision the directory holds.
@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,12 +31,9 @@ from agent.state import TaskSpec
 from agent.strategies import StrategyResult, StrategyRun, run_strategy
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
-from tools.results import EvalStatus
 from traces.errors import ConfigError, RunDirError
-from traces.schema import TrajectoryId
-
-# Worst to best: the verdict a trajectory reports when none of its attempts was correct.
-STATUS_RANK = ["no_code", "rejected", "compile_error", "timeout", "oom", "cuda_fault", "runtime_error", "incorrect", "correct"]
+from traces.schema import Migrations, TrajectoryId, migrate
+from traces.verdict import Verdict, best_verdict
 
 
 class ExperimentConfig(BaseModel):
@@ -101,23 +98,39 @@ class ExperimentConfig(BaseModel):
         return max(1, len(os.sched_getaffinity(0)))
 
 
+RESULTS_SCHEMA_VERSION = 1
+"""Version history of results.jsonl records (read_result migrates older ones):
+- 0: before the version field: `per_turn` as [status, speedup] pairs.
+- 1: `schema_version`; `per_turn` as TurnOutcome objects."""
+
+
+class TurnOutcome(BaseModel):
+    """One attempt of a trajectory, as the results keep it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    status: Verdict
+    speedup: float | None = None
+    """None unless correct."""
+
+
 class TrajectoryRecord(BaseModel):
     """One line of results.jsonl: the outcome of one trajectory."""
 
     model_config = ConfigDict(frozen=True)
+    schema_version: int = RESULTS_SCHEMA_VERSION
     task: str
     level: int
     variant: str
     sample: int
-    best_status: str
+    best_status: Verdict
     best_speedup: float | None
     best_turn: int | None
     turns: int
     compiled: bool
     tokens: int
-    per_turn: list[tuple[str, float | None]]
-    """Each turn's status and speedup (None unless correct), for fast_p against the turn; in
-    evaluation order for search strategies, so it also gives the best speedup per evaluation spent."""
+    per_turn: tuple[TurnOutcome, ...]
+    """Each turn's verdict and speedup, for fast_p against the turn; in evaluation order for search
+    strategies, so it also gives the best speedup per evaluation spent."""
     strategy: str = "refine"
     evals: int | None = None
     """Candidate evaluations spent; None in results written before strategies (count per_turn)."""
@@ -138,26 +151,20 @@ class TrajectoryRecord(BaseModel):
 
     @property
     def evaluations(self) -> int:
-        return self.evals if self.evals is not None else sum(1 for status, _ in self.per_turn if status != "no_code")
+        return self.evals if self.evals is not None else sum(1 for t in self.per_turn if t.status is not Verdict.NO_CODE)
 
 
 def record_of(
     task: Task, variant: str, sample: int, result: StrategyResult, strategy: str = "refine", eval_config: EvalConfig | None = None
 ) -> TrajectoryRecord:
     numerics = eval_config or EvalConfig()
-    per_turn: list[tuple[str, float | None]] = []
-    for a in result.attempts:
-        status = "no_code" if a.code is None else (a.result.status.value if a.result and a.result.status else "runtime_error")
-        if status == "correct" and not a.correct:
-            status = "runtime_error"  # correct but never timed does not count
-        per_turn.append((status, a.speedup))
+    per_turn = tuple(TurnOutcome(status=a.verdict, speedup=a.speedup) for a in result.attempts)
     best = result.best
-    best_status = "correct" if best is not None else max((s for s, _ in per_turn), key=STATUS_RANK.index, default="no_code")
-    compiled = any(a.result is not None and a.result.status is not None and a.result.status.compiled for a in result.attempts if a.code)
+    best_status = best_verdict(t.status for t in per_turn)
     return TrajectoryRecord(
         task=task.key, level=task.level, variant=variant, sample=sample, best_status=best_status,
         best_speedup=best.speedup if best else None, best_turn=best.turn if best else None,
-        turns=result.turns, compiled=compiled, tokens=result.tokens.total, per_turn=per_turn,
+        turns=result.turns, compiled=best_status.compiled, tokens=result.tokens.total, per_turn=per_turn,
         strategy=strategy, evals=result.evals, precision=numerics.precision,
         tolerance=numerics.precision_tolerance.atol, allow_tf32=numerics.allow_tf32,
     )
@@ -165,6 +172,29 @@ def record_of(
 
 def results_path(run_dir: Path) -> Path:
     return Path(run_dir) / "results.jsonl"
+
+
+def _v0_to_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 kept each turn as a [status, speedup] pair."""
+    per_turn = [{"status": status, "speedup": speedup} for status, speedup in raw.get("per_turn", [])]
+    return {**raw, "per_turn": per_turn, "schema_version": 1}
+
+
+_MIGRATIONS: Migrations = {0: _v0_to_v1}
+
+
+def read_result(line: str) -> TrajectoryRecord:
+    """One line of results.jsonl, of any known schema version."""
+    return TrajectoryRecord.model_validate(migrate(line, RESULTS_SCHEMA_VERSION, _MIGRATIONS, "results"))
+
+
+def _torn(line: str) -> bool:
+    """A line cut short by a kill is not JSON at all; a whole line that does not read is another matter."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
 
 
 def read_results(run_dir: Path) -> list[TrajectoryRecord]:
@@ -178,9 +208,9 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
         if not line.strip():
             continue
         try:
-            record = TrajectoryRecord.model_validate_json(line)
+            record = read_result(line)
         except ValueError as exc:
-            if number == len(lines):
+            if number == len(lines) and _torn(line):
                 continue
             raise RunDirError(
                 f"{path}:{number} is not a trajectory record this version of refinery reads "
@@ -361,4 +391,4 @@ def run_experiment(
 
 
 def is_correct(record: TrajectoryRecord) -> bool:
-    return record.best_status == EvalStatus.CORRECT.value
+    return record.best_status is Verdict.CORRECT

@@ -9,14 +9,15 @@ from rich.table import Table
 from rich.text import Text
 
 from tools.results import EvalResult, EvalStatus, TimingReport
-from traces.terminal import STATUS_STYLE, badge
+from traces.terminal import badge
+from traces.verdict import Verdict
 
 if TYPE_CHECKING:
     from agent.runner import TrajectoryResult
     from agent.strategies import StrategyResult
     from agent.state import Attempt
 
-__all__ = ["STATUS_STYLE", "badge", "print_result", "print_trajectory_end", "speedup_text", "turn_line"]
+__all__ = ["print_result", "print_trajectory_end", "speedup_text", "turn_line"]
 
 
 def speedup_text(timing: TimingReport) -> str:
@@ -28,8 +29,8 @@ def speedup_text(timing: TimingReport) -> str:
 
 
 def print_result(console: Console, name: str, result: EvalResult) -> None:
-    status = result.status.value if result.status else "passed"
-    console.print(f"[bold]{name}[/]: {badge(status)}")
+    """The verdict on one candidate (`refinery eval`), its steps' findings below."""
+    console.print(f"[bold]{name}[/]: {badge(Verdict.of_result(result))}")
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_row("precision", result.judged_at())
     if result.compile is not None:
@@ -43,6 +44,8 @@ def print_result(console: Console, name: str, result: EvalResult) -> None:
         table.add_row("reference", f"{t.reference.median:.4f} ms median")
         if t.reference_compiled is not None:
             table.add_row("torch.compile", f"{t.reference_compiled.median:.4f} ms median")
+        elif t.compiled_error:
+            table.add_row("torch.compile", f"no baseline: {t.compiled_error}")
         flag = " [yellow](re-verified)[/]" if t.suspicious else ""
         table.add_row("speedup", f"[bold]{speedup_text(t)}[/]{flag}")
     if result.static is not None and result.static.warnings:
@@ -56,7 +59,7 @@ def print_result(console: Console, name: str, result: EvalResult) -> None:
 
 def turn_line(attempt: Attempt, turns: int) -> Text:
     """One turn as it happens: the fixed-width part first, so at 80 columns only the detail wraps."""
-    status = "no_code" if attempt.code is None else (attempt.result.status.value if attempt.result and attempt.result.status else "?")
+    verdict = attempt.verdict
     detail = ""
     if attempt.result is not None:
         detail = attempt.result.headline().split(":", 1)[-1].strip()[:160]
@@ -68,7 +71,7 @@ def turn_line(attempt: Attempt, turns: int) -> Text:
         detail = attempt.extract_error
     seconds = sum(attempt.phase_seconds.values())
     return Text.assemble(
-        f"  turn {attempt.turn}/{turns}  ", (f"{status:<13}", STATUS_STYLE.get(status, "white")),
+        f"  turn {attempt.turn}/{turns}  ", (f"{verdict.value:<13}", verdict.style),
         (f" {seconds:4.0f} s {attempt.tokens.total:6d} tok  ", "dim"), detail,
     )
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.table import Table
 
-from bench.experiment import TrajectoryRecord, is_correct, read_results
+from bench.experiment import TrajectoryRecord, TurnOutcome, is_correct, read_results
 from tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
 from traces.errors import RunDirError
 from traces.stats import RESAMPLES, SEED, Estimate, geomean_estimate, rate_estimate
 from traces.terminal import add_name_column, add_number_column, compact_table, print_table
+from traces.verdict import Verdict
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -114,6 +115,10 @@ def unit_estimates(units: list[list[TrajectoryRecord]], total: int | None = None
     return out
 
 
+def _correct_speedups(turns: Sequence[TurnOutcome]) -> list[float]:
+    return [t.speedup for t in turns if t.status is Verdict.CORRECT and t.speedup is not None]
+
+
 def _fast1_by_turn(records: list[TrajectoryRecord], n_tasks: int) -> list[float]:
     """fast_1 of the best correct kernel found within the first k turns, for each k."""
     horizon = max((len(r.per_turn) for r in records), default=0)
@@ -121,7 +126,7 @@ def _fast1_by_turn(records: list[TrajectoryRecord], n_tasks: int) -> list[float]
     for k in range(1, horizon + 1):
         hits = 0
         for r in records:
-            speeds = [s for status, s in r.per_turn[:k] if status == "correct" and s is not None]
+            speeds = _correct_speedups(r.per_turn[:k])
             hits += bool(speeds) and max(speeds) > 1.0
         curve.append(hits / n_tasks if n_tasks else 0.0)
     return curve
@@ -136,7 +141,7 @@ def _fast1_by_turn_intervals(records: list[TrajectoryRecord], tasks: list[str]) 
         hits = []
         for t in tasks:
             r = by_task.get(t)
-            speeds = [s for status, s in r.per_turn[:k] if status == "correct" and s is not None] if r else []
+            speeds = _correct_speedups(r.per_turn[:k]) if r else []
             hits.append([bool(speeds) and max(speeds) > 1.0])
         curve.append(rate_estimate(hits))
     return curve
@@ -147,11 +152,11 @@ def best_by_evals(records: list[TrajectoryRecord], horizon: int | None = None) -
     series = []
     for r in records:
         best, curve = 0.0, []
-        for status, speedup in r.per_turn:
-            if status == "no_code":
+        for t in r.per_turn:
+            if t.status is Verdict.NO_CODE:
                 continue
-            if status == "correct" and speedup is not None:
-                best = max(best, speedup)
+            if t.status is Verdict.CORRECT and t.speedup is not None:
+                best = max(best, t.speedup)
             curve.append(best)
         series.append(curve)
     horizon = horizon if horizon is not None else max((len(c) for c in series), default=0)

@@ -73,8 +73,7 @@ def prompt_of(record: Any) -> str:
 
 def test_every_outcome_is_routed() -> None:
     routed = {outcome for table in ROUTES.values() for outcome in table}
-    produced = set(Outcome) - {Outcome.TIMED}  # profile has a plain edge to decide
-    assert produced <= routed
+    assert set(Outcome) == routed, "every outcome a node returns leads somewhere, and none is left over"
 
 
 def test_compile_error_then_wrong_then_correct_under_G_E(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:

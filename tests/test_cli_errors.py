@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from bench.cli import app
-from bench.experiment import TrajectoryRecord
+from bench.experiment import TrajectoryRecord, TurnOutcome
 from bench.tasks import SuiteError
 
 ROOT = Path(__file__).parent.parent
@@ -122,7 +122,7 @@ def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
 def test_run_directory_from_another_version(tmp_path: Path) -> None:
     # results.jsonl with a record this version does not know (a torn last line is fine, this is not).
     good = TrajectoryRecord(task="level1/1_relu", level=1, variant="G", sample=0, best_status="correct", best_speedup=1.5,
-                            best_turn=1, turns=1, compiled=True, tokens=10, per_turn=[("correct", 1.5)])
+                            best_turn=1, turns=1, compiled=True, tokens=10, per_turn=(TurnOutcome(status="correct", speedup=1.5),))
     run = tmp_path / "old"
     run.mkdir()
     (run / "results.jsonl").write_text(json.dumps({"task_name": "relu", "score": 1}) + "\n" + good.model_dump_json() + "\n")

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiment import ExperimentConfig, TrajectoryRecord, read_results, run_experiment
+from bench.experiment import RESULTS_SCHEMA_VERSION, ExperimentConfig, TrajectoryRecord, TurnOutcome, read_results, run_experiment
 from bench.report import score
 from tools.pool import EvaluatorPool
+from traces.errors import RunDirError
+from traces.verdict import Verdict
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
 TASKS = "1_relu,2_gelu,9_bias_tanh_clamp_chain"
@@ -87,7 +89,8 @@ EXPECTED = [
 def test_report_numbers_from_known_outcomes() -> None:
     def rec(task: str, level: int, status: str, speedup: float | None, per_turn: list) -> TrajectoryRecord:
         return TrajectoryRecord(task=task, level=level, variant="G+E", sample=0, best_status=status, best_speedup=speedup,
-                                best_turn=1, turns=len(per_turn), compiled=status != "compile_error", tokens=100, per_turn=per_turn)
+                                best_turn=1, turns=len(per_turn), compiled=status != "compile_error", tokens=100,
+                                per_turn=tuple(TurnOutcome(status=s, speedup=x) for s, x in per_turn))
 
     records = [
         rec("a", 1, "correct", 2.0, [("incorrect", None), ("correct", 2.0)]),
@@ -100,6 +103,29 @@ def test_report_numbers_from_known_outcomes() -> None:
     assert s.correct == 0.5 and s.compiled == 0.75 and s.tokens == 400
     assert s.geomean_speedup == pytest.approx(1.0)
     assert s.fast1_by_turn == [0.0, 0.25]
+
+
+def test_results_written_before_schema_versions_load_and_migrate(tmp_path: Path) -> None:
+    # A line as results.jsonl held it before schema_version: per_turn as [status, speedup] pairs.
+    old = {"task": "level1/1_relu", "level": 1, "variant": "G+E", "sample": 0, "best_status": "correct", "best_speedup": 1.5,
+           "best_turn": 3, "turns": 3, "compiled": True, "tokens": 10,
+           "per_turn": [["no_code", None], ["compile_error", None], ["correct", 1.5]], "strategy": "refine", "evals": 2}
+    (tmp_path / "results.jsonl").write_text(json.dumps(old) + "\n")
+    (record,) = read_results(tmp_path)
+    assert record.schema_version == RESULTS_SCHEMA_VERSION
+    assert record.per_turn == (
+        TurnOutcome(status=Verdict.NO_CODE), TurnOutcome(status=Verdict.COMPILE_ERROR), TurnOutcome(status=Verdict.CORRECT, speedup=1.5),
+    )
+    assert record.best_status is Verdict.CORRECT and record.evaluations == 2
+    # Written again, it is a current line, and reads back the same.
+    (tmp_path / "results.jsonl").write_text(record.model_dump_json() + "\n")
+    written = json.loads((tmp_path / "results.jsonl").read_text())
+    assert written["schema_version"] == RESULTS_SCHEMA_VERSION and written["per_turn"][2] == {"status": "correct", "speedup": 1.5}
+    assert read_results(tmp_path) == [record]
+    # A line from a newer kernel-refinery is refused with what to do, not misread.
+    (tmp_path / "results.jsonl").write_text(json.dumps({**written, "schema_version": RESULTS_SCHEMA_VERSION + 1}) + "\n")
+    with pytest.raises(RunDirError, match="newer than this kernel-refinery"):
+        read_results(tmp_path)
 
 
 def test_config_checks() -> None:
@@ -144,5 +170,5 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
         clean = run_experiment(config, tmp_path / "clean", lambda: model, pool)
     assert table(records) == table(clean) == EXPECTED
     by_key = {r.key: r for r in clean}
-    assert by_key[("level1/1_relu", "G+E", 0)].per_turn[0][0] == "compile_error"
+    assert by_key[("level1/1_relu", "G+E", 0)].per_turn[0].status == "compile_error"
     assert by_key[("level2/9_bias_tanh_clamp_chain", "G", 0)].turns == 1, "stopped at the target"

@@ -21,7 +21,7 @@ from agent.prompting import build_messages, idea_messages
 from agent.state import TaskSpec
 from bench.cli import app
 from bench.compare import compare, resolve_sides
-from bench.experiment import ExperimentConfig, TrajectoryRecord, prepare_run_dir, read_precisions, read_results, run_experiment
+from bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir, read_precisions, read_results, run_experiment
 from bench.render import print_result
 from bench.report import render_table, report, score
 from tools.config import EvalConfig
@@ -176,7 +176,7 @@ def test_prompt_names_the_dtype_only_at_reduced_precision() -> None:
 def record(task: str, status: str, speedup: float | None, precision: str, tolerance: float | None, variant: str = "G+E") -> TrajectoryRecord:
     return TrajectoryRecord(
         task=task, level=1, variant=variant, sample=0, best_status=status, best_speedup=speedup, best_turn=1 if speedup else None,
-        turns=1, compiled=status != "compile_error", tokens=100, per_turn=[(status, speedup)], evals=1,
+        turns=1, compiled=status != "compile_error", tokens=100, per_turn=(TurnOutcome(status=status, speedup=speedup),), evals=1,
         precision=precision, tolerance=tolerance,
     )
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from agent.state import Attempt
 from bench.cli import app
 from bench.compare import Side, compare, render
-from bench.experiment import TrajectoryRecord
+from bench.experiment import TrajectoryRecord, TurnOutcome
 from bench.render import turn_line
 from bench.report import render_at_k, render_by_evals, render_strategies, render_table, score, score_strategies
 from traces.inspect import load_run, summarise, summary_table
@@ -54,7 +54,7 @@ def record(task: str, variant: str, status: str, speedup: float | None, sample: 
     return TrajectoryRecord(
         task=task, level=1, variant=variant, sample=sample, best_status=status, best_speedup=speedup, best_turn=1,
         turns=2, compiled=status != "compile_error", tokens=tokens,
-        per_turn=[("compile_error", None), (status, speedup)], strategy=strategy, evals=2,
+        per_turn=(TurnOutcome(status="compile_error"), TurnOutcome(status=status, speedup=speedup)), strategy=strategy, evals=2,
     )
 
 

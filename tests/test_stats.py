@@ -10,7 +10,7 @@ from scipy import stats as scipy_stats
 
 from bench.compare import compare
 from bench.compare import Side
-from bench.experiment import TrajectoryRecord
+from bench.experiment import TrajectoryRecord, TurnOutcome
 from bench.report import score
 from traces.stats import Estimate, geomean_estimate, mean_interval, paired_difference, paired_ratio, rate_estimate
 
@@ -87,7 +87,7 @@ def test_samples_of_a_task_resample_together() -> None:
 def _record(task: str, variant: str, status: str, speedup: float | None, sample: int = 0) -> TrajectoryRecord:
     return TrajectoryRecord(
         task=task, level=1, variant=variant, sample=sample, best_status=status, best_speedup=speedup, best_turn=1,
-        turns=1, compiled=status != "compile_error", tokens=10, per_turn=[(status, speedup)],
+        turns=1, compiled=status != "compile_error", tokens=10, per_turn=(TurnOutcome(status=status, speedup=speedup),),
     )
 
 

@@ -16,7 +16,7 @@ from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
 from agent.scripted import ScriptedChatModel
 from agent.state import Attempt, TaskSpec
 from agent.strategies import BeamNode, StrategyRun, parse_ideas, run_strategy, select_seeds
-from bench.experiment import TrajectoryRecord
+from bench.experiment import TrajectoryRecord, TurnOutcome, read_result
 from bench.report import best_by_evals, score, score_strategies
 from tools.config import EvalConfig
 from tools.evaluator import Evaluator
@@ -213,7 +213,8 @@ def _record(task: str, strategy: str, per_turn: list[tuple[str, float | None]], 
     return TrajectoryRecord(
         task=task, level=1, variant="G+E", sample=0, best_status="correct" if speeds else "incorrect",
         best_speedup=max(speeds) if speeds else None, best_turn=None, turns=len(per_turn), compiled=True, tokens=tokens,
-        per_turn=per_turn, strategy=strategy, evals=sum(1 for status, _ in per_turn if status != "no_code"),
+        per_turn=tuple(TurnOutcome(status=status, speedup=s) for status, s in per_turn), strategy=strategy,
+        evals=sum(1 for status, _ in per_turn if status != "no_code"),
     )
 
 
@@ -242,7 +243,7 @@ def test_report_per_strategy_from_known_outcomes() -> None:
 def test_results_before_strategies_still_read() -> None:
     old = ('{"task":"level1/1_relu","level":1,"variant":"G+E","sample":0,"best_status":"correct","best_speedup":1.5,'
            '"best_turn":2,"turns":2,"compiled":true,"tokens":10,"per_turn":[["no_code",null],["correct",1.5]]}')
-    record = TrajectoryRecord.model_validate_json(old)
+    record = read_result(old)
     assert record.strategy == "refine" and record.evaluations == 1 and record.key == ("level1/1_relu", "G+E", 0)
 
 

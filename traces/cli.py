@@ -13,7 +13,6 @@ from rich.rule import Rule
 from traces.errors import ConfigError, RunDirError, UserError
 from traces.terminal import print_table
 from traces.inspect import (
-    STATUSES,
     SortKey,
     Trajectory,
     diff_records,
@@ -29,6 +28,9 @@ from traces.inspect import (
     turn_view,
     variants_of,
 )
+from traces.verdict import Verdict
+
+STATUSES = ", ".join(Verdict)
 
 traces_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspect the traces of a run directory.")
 
@@ -59,19 +61,19 @@ def _load(run_dir: Path) -> list[Trajectory]:
 @traces_app.command("list")
 def list_command(
     run_dir: RunDirArg,
-    status: Annotated[Optional[str], typer.Option(help=f"only trajectories whose best attempt has this status ({', '.join(STATUSES)})")] = None,
+    status: Annotated[Optional[str], typer.Option(help=f"only trajectories whose best attempt has this status ({STATUSES})")] = None,
     sort: Annotated[SortKey, typer.Option(help="speedup, turns and tokens sort largest first")] = SortKey.TASK,
     variant: VariantOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="also the best speedup's 95% interval and prompt/completion tokens")] = False,
 ) -> None:
     """A table of trajectories: best status and speedup, turns and tokens."""
     trajectories = _load(run_dir)
-    if status is not None and status not in STATUSES:
-        raise _fail(f"unknown status {status!r}; statuses: {', '.join(STATUSES)}")
+    if status is not None and status not in {v.value for v in Verdict}:
+        raise _fail(f"unknown status {status!r}; statuses: {STATUSES}")
     if variant is not None and variant not in variants_of(trajectories):
         raise _fail(f"no trajectory of variant {variant!r} in {run_dir}; variants: {', '.join(variants_of(trajectories))}")
     summaries = [summarise(t) for t in trajectories]
-    shown = sort_summaries(filter_summaries(summaries, status=status, variant=variant), sort)
+    shown = sort_summaries(filter_summaries(summaries, status=None if status is None else Verdict(status), variant=variant), sort)
     console = _console()
     if not shown:
         present = ", ".join(sorted({s.best_status for s in summaries}))

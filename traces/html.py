@@ -25,10 +25,9 @@ from pygments.token import String
 
 from tools.metrics import correctness_rate, fast_p, geomean_speedup
 from traces.inspect import (
-    STATUS_RANK,
     Trajectory,
     TrajectorySummary,
-    Verdict,
+    TurnVerdict,
     diff_base,
     diff_records,
     feedback_of,
@@ -43,6 +42,7 @@ from traces.inspect import (
 )
 from traces.schema import TrajectoryId, TurnRecord
 from traces.stats import METHOD, Estimate, geomean_estimate, rate_estimate
+from traces.verdict import Verdict
 
 ASSETS = Path(__file__).parent / "assets"
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
@@ -97,7 +97,7 @@ def highlight_diff(lines: Sequence[str]) -> Markup:
 @dataclass(frozen=True)
 class ChartPoint:
     turn: int
-    status: str
+    status: Verdict
     speedup: float | None
     anchor: str
 
@@ -170,7 +170,7 @@ def speedup_chart(points: Sequence[ChartPoint]) -> Markup:
 class TurnView:
     anchor: str
     record: TurnRecord
-    verdict: Verdict
+    verdict: TurnVerdict
     feedback: str
     prompt: str
     code_html: Markup | None
@@ -256,7 +256,7 @@ def trajectory_view(summary: TrajectorySummary) -> TrajectoryView:
     anchor = _trajectory_anchor(trajectory.id)
     records = trajectory.records
     # The best turn starts open; without one, the last turn (how it ended).
-    focus = summary.best if summary.best is not None and summary.best.status == "correct" else (records[-1] if records else None)
+    focus = summary.best if summary.best is not None and summary.best.status is Verdict.CORRECT else (records[-1] if records else None)
     turns = []
     for record in records:
         base = diff_base(record, records)
@@ -307,7 +307,7 @@ def search_tree(turns: Sequence[TurnView]) -> Markup | None:
             below = items(r.node_id)
             out.append(
                 f'<li><a class="badge status-{escape(r.status)}" href="#{escape(t.anchor)}">'
-                f'<b>{escape(r.node_id or "")}</b> {escape(r.status.replace("_", " "))}{speed}</a>{idea}'
+                f'<b>{escape(r.node_id or "")}</b> {escape(r.status.words)}{speed}</a>{idea}'
                 + (f"<ul>{below}</ul>" if below else "") + "</li>"
             )
         return "".join(out)
@@ -317,7 +317,7 @@ def search_tree(turns: Sequence[TurnView]) -> Markup | None:
 
 
 def _better(a: TrajectorySummary, b: TrajectorySummary) -> bool:
-    return (STATUS_RANK.get(a.best_status, 0), a.best_speedup or 0.0) > (STATUS_RANK.get(b.best_status, 0), b.best_speedup or 0.0)
+    return (a.best_status.rank, a.best_speedup or 0.0) > (b.best_status.rank, b.best_speedup or 0.0)
 
 
 def overview_grid(summaries: Sequence[TrajectorySummary], variants: Sequence[str]) -> tuple[GridRow, ...]:
@@ -426,5 +426,5 @@ def render_report(trajectories: Sequence[Trajectory], title: str) -> str:
     css = (ASSETS / "report.css").read_text(encoding="utf-8") + "\n" + _FORMATTER.get_style_defs(".hl")
     js = (ASSETS / "report.js").read_text(encoding="utf-8")
     return _environment().get_template("report.html.j2").render(
-        report=build_report(trajectories, title), css=Markup(css), js=Markup(js)  # noqa: S704
+        report=build_report(trajectories, title), verdicts=list(Verdict), css=Markup(css), js=Markup(js)  # noqa: S704
     )

@@ -25,22 +25,8 @@ from tools.results import EvalStatus
 from traces.errors import UserError
 from traces.schema import TokenUsage, TrajectoryId, TurnRecord
 from traces.store import iter_trajectories, traces_dir
-from traces.terminal import STATUS_STYLE, add_name_column, add_number_column, badge_text, compact_table
-
-# How far an attempt got, for picking the best verdict of a trajectory with no correct turn.
-STATUS_RANK: dict[str, int] = {
-    "correct": 7,
-    "incorrect": 6,
-    "runtime_error": 5,
-    "cuda_fault": 5,
-    "timeout": 5,
-    "oom": 5,
-    "compile_error": 3,
-    "rejected": 2,
-    "unfinished": 1,
-    "no_code": 0,
-}
-STATUSES: tuple[str, ...] = tuple(STATUS_RANK)
+from traces.terminal import add_name_column, add_number_column, badge_text, compact_table
+from traces.verdict import Verdict
 
 
 class TraceLookupError(UserError, LookupError):
@@ -73,7 +59,7 @@ def qualifier(trajectory: TrajectoryId) -> str:
 class TrajectorySummary:
     trajectory: Trajectory
     best: TurnRecord | None
-    """The fastest correct turn; without one, the turn that got furthest (see STATUS_RANK)."""
+    """The fastest correct turn; without one, the turn that got furthest (see Verdict)."""
     tokens: TokenUsage
     seconds: float
 
@@ -86,8 +72,8 @@ class TrajectorySummary:
         return len(self.trajectory.records)
 
     @property
-    def best_status(self) -> str:
-        return self.best.status if self.best is not None else "unfinished"
+    def best_status(self) -> Verdict:
+        return self.best.status if self.best is not None else Verdict.NO_CODE
 
     @property
     def best_speedup(self) -> float | None:
@@ -105,8 +91,7 @@ class TrajectorySummary:
     def outcome(self) -> TaskOutcome:
         """The trajectory's best attempt, in the form tools/metrics.py scores."""
         status = self.best_status
-        compiled = status in {s.value for s in EvalStatus if s.compiled}
-        return TaskOutcome(task=self.id.task, correct=status == "correct", speedup=self.best_speedup, compiled=compiled)
+        return TaskOutcome(task=self.id.task, correct=status is Verdict.CORRECT, speedup=self.best_speedup, compiled=status.compiled)
 
 
 class SortKey(str, Enum):
@@ -135,12 +120,12 @@ def load_run(run_dir: Path) -> list[Trajectory]:
 
 def best_record(records: Sequence[TurnRecord]) -> TurnRecord | None:
     """The fastest correct turn (ties: the earliest); else the earliest turn that got furthest."""
-    correct = [r for r in records if r.status == "correct" and r.speedup is not None]
+    correct = [r for r in records if r.status is Verdict.CORRECT]
     if correct:
         return max(correct, key=lambda r: (r.speedup or 0.0, -r.turn))
     if not records:
         return None
-    return max(records, key=lambda r: (STATUS_RANK.get(r.status, 0), -r.turn))
+    return max(records, key=lambda r: (r.status.rank, -r.turn))
 
 
 def summarise(trajectory: Trajectory) -> TrajectorySummary:
@@ -158,7 +143,7 @@ def tasks_of(trajectories: Iterable[Trajectory]) -> list[str]:
 
 
 def filter_summaries(
-    summaries: Iterable[TrajectorySummary], status: str | None = None, variant: str | None = None
+    summaries: Iterable[TrajectorySummary], status: Verdict | None = None, variant: str | None = None
 ) -> list[TrajectorySummary]:
     return [
         s for s in summaries
@@ -290,10 +275,10 @@ def feedback_of(record: TurnRecord) -> str:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class TurnVerdict:
     """A turn's verdict in words: a headline, labelled details, and a log when it failed."""
 
-    status: str
+    status: Verdict
     headline: str
     details: tuple[tuple[str, str], ...]
     log: str
@@ -302,11 +287,11 @@ class Verdict:
 _HEADLINE_CHARS = 140
 
 
-def verdict_of(record: TurnRecord) -> Verdict:
+def verdict_of(record: TurnRecord) -> TurnVerdict:
     result = record.result
     if result is None:
         what = record.extract_error or ("no code in the reply" if record.code is None else "not evaluated")
-        return Verdict(status=record.status, headline=what, details=(), log="")
+        return TurnVerdict(status=record.status, headline=what, details=(), log="")
     details: list[tuple[str, str]] = [("precision", result.judged_at())]
     if result.static is not None:
         details += [("rejected", r) for r in result.static.rejections]
@@ -322,6 +307,8 @@ def verdict_of(record: TurnRecord) -> Verdict:
         details.append(("reference", f"{t.reference.median:.4f} ms median"))
         if t.reference_compiled is not None:
             details.append(("torch.compile", f"{t.reference_compiled.median:.4f} ms median"))
+        elif t.compiled_error:
+            details.append(("torch.compile", f"no baseline: {t.compiled_error}"))
         interval = speedup_interval(record)
         shown = f"{t.speedup:.3g}x" + (f" (95% interval {format_interval(interval)})" if interval else "")
         details.append(("speedup", shown + (" (re-verified)" if t.suspicious else "")))
@@ -334,7 +321,7 @@ def verdict_of(record: TurnRecord) -> Verdict:
     headline = result.headline()
     if len(headline) > _HEADLINE_CHARS:
         headline = headline[: _HEADLINE_CHARS - 1].rstrip() + "…"
-    return Verdict(status=record.status, headline=headline, details=tuple(details), log=log)
+    return TurnVerdict(status=record.status, headline=headline, details=tuple(details), log=log)
 
 
 def profile_table(record: TurnRecord) -> str:
@@ -438,7 +425,7 @@ def turn_view(record: TurnRecord, full_prompt: bool = False) -> RenderableType:
     else:
         parts.append(Panel(Text(record.reply.strip()[:2000] or "(empty reply)"), title="reply (no code)", title_align="left", border_style="dim"))
     lines = Table.grid(padding=(0, 2))
-    lines.add_row(Text("verdict", style="bold"), Text(verdict.headline, style=STATUS_STYLE.get(verdict.status, "")))
+    lines.add_row(Text("verdict", style="bold"), Text(verdict.headline, style=verdict.status.style))
     for label, text in verdict.details:
         lines.add_row(label, text)
     parts.append(lines)

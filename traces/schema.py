@@ -14,6 +14,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools.results import EvalResult
+from traces.verdict import Verdict
 
 SCHEMA_VERSION = 1
 
@@ -84,10 +85,8 @@ class TurnRecord(BaseModel):
     idea: str | None = None
 
     @property
-    def status(self) -> str:
-        if self.result is None or self.result.status is None:
-            return "no_code" if self.code is None else "unfinished"
-        return self.result.status.value
+    def status(self) -> Verdict:
+        return Verdict.of(self.code, self.result)
 
     @property
     def speedup(self) -> float | None:
@@ -96,6 +95,10 @@ class TurnRecord(BaseModel):
 
 class UnknownSchemaVersion(ValueError):
     pass
+
+
+Migrations = dict[int, Callable[[dict[str, Any]], dict[str, Any]]]
+"""Version N -> a function turning a raw version-N record into a version N+1 record."""
 
 
 def _v0_to_v1(raw: dict[str, Any]) -> dict[str, Any]:
@@ -110,29 +113,36 @@ def _v0_to_v1(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1}
-"""Version N -> a function turning a raw version-N record into a version N+1 record."""
+_MIGRATIONS: Migrations = {0: _v0_to_v1}
+
+
+def migrate(line: str, version_now: int, migrations: Migrations, what: str) -> dict[str, Any]:
+    """One JSONL line of a versioned record, as a raw record of the current version.
+
+    A line without `schema_version` is version 0; `migrations[N]` turns a version-N record into a
+    version N+1 record. Versions newer than this kernel-refinery, or unknown, raise UnknownSchemaVersion.
+    """
+    # pydantic's parser, not json's: a torn line reads as a ValueError mentioning EOF, which
+    # readers skip when it is the last line.
+    raw = pydantic_core.from_json(line)
+    if not isinstance(raw, dict):
+        raise ValueError(f"a {what} line must be a JSON object, not {type(raw).__name__}")
+    version = raw.get("schema_version", 0)
+    if isinstance(version, int) and version > version_now:
+        raise UnknownSchemaVersion(
+            f"{what} schema version {version} is newer than this kernel-refinery "
+            f"(reads versions 0 to {version_now}); upgrade kernel-refinery to read it"
+        )
+    if not isinstance(version, int) or (version != version_now and version not in migrations):
+        raise UnknownSchemaVersion(
+            f"{what} schema version {version!r} is unknown (this kernel-refinery reads versions 0 to {version_now})"
+        )
+    while version < version_now:
+        raw = migrations[version](raw)
+        version = raw["schema_version"]
+    return raw
 
 
 def read_record(line: str) -> TurnRecord:
     """Parse one JSONL line of any known schema version, migrating older ones on the way."""
-    # pydantic's parser, not json's: a torn line reads as a ValueError mentioning EOF, which
-    # read_trace skips when it is the last line.
-    raw = pydantic_core.from_json(line)
-    if not isinstance(raw, dict):
-        raise ValueError(f"a trace line must be a JSON object, not {type(raw).__name__}")
-    # Records written before the field existed are version 0.
-    version = raw.get("schema_version", 0)
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise UnknownSchemaVersion(
-            f"trace schema version {version} is newer than this kernel-refinery "
-            f"(reads versions 0 to {SCHEMA_VERSION}); upgrade kernel-refinery to read it"
-        )
-    if not isinstance(version, int) or (version != SCHEMA_VERSION and version not in _MIGRATIONS):
-        raise UnknownSchemaVersion(
-            f"trace schema version {version!r} is unknown (this kernel-refinery reads versions 0 to {SCHEMA_VERSION})"
-        )
-    while version < SCHEMA_VERSION:
-        raw = _MIGRATIONS[version](raw)
-        version = raw["schema_version"]
-    return TurnRecord.model_validate(raw)
+    return TurnRecord.model_validate(migrate(line, SCHEMA_VERSION, _MIGRATIONS, "trace"))

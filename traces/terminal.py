@@ -13,27 +13,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STATUS_STYLE = {
-    "correct": "green",
-    "incorrect": "yellow",
-    "compile_error": "red",
-    "runtime_error": "red",
-    "cuda_fault": "red",
-    "timeout": "magenta",
-    "oom": "magenta",
-    "rejected": "bright_red",
-    "no_code": "dim",
-    "unfinished": "dim",
-}
+from traces.verdict import Verdict
 
 
-def badge(status: str) -> str:
-    """A status in console markup, coloured by STATUS_STYLE."""
-    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+def badge(verdict: Verdict) -> str:
+    """A verdict in console markup, in its style."""
+    return f"[{verdict.style}]{verdict.value}[/]"
 
 
-def badge_text(status: str) -> Text:
-    return Text(status, style=STATUS_STYLE.get(status, "white"))
+def badge_text(verdict: Verdict) -> Text:
+    return Text(verdict.value, style=verdict.style)
 
 
 def compact_table(title: str | None = None, caption: str | None = None) -> Table:
