@@ -94,6 +94,8 @@ def test_hang_times_out_and_worker_is_replaced(cpu_config: EvalConfig, relu_task
 
 
 def test_segfault_is_a_runtime_error_not_a_crash(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    if not evaluator.worker.alive:  # run alone, the module's evaluator has not started its worker yet
+        evaluator.worker.start()
     starts = evaluator.worker.starts
     result = evaluator.evaluate(relu_task, candidate("return ext.crash(x)"))
     assert result.status is EvalStatus.RUNTIME_ERROR

@@ -201,7 +201,7 @@ def table(records: list[TrajectoryRecord]) -> list[tuple]:
 
 def outcomes(records: list[TrajectoryRecord]) -> dict[tuple, tuple]:
     """Each trajectory's turn statuses and best status."""
-    return {r.run_key: (tuple(s for s, _ in r.per_turn), r.best_status) for r in records}
+    return {r.run_key: (tuple(t.status for t in r.per_turn), r.best_status) for r in records}
 
 
 @dataclass
@@ -508,10 +508,11 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
     totals.outcomes_differ += len(differ)
     for k in differ:
         say(f"round {index}: outcome differs for {k}: faulty {a.get(k)} clean {b.get(k)}")
-    clean_turns = {r.run_key: [st for st, _ in r.per_turn] for r in clean}
+    clean_turns = {r.run_key: [t.status for t in r.per_turn] for r in clean}
     for r in faulty:
         name = r.task.rsplit("/", 1)[-1]
-        for turn, (status, _) in enumerate(r.per_turn):
+        for turn, outcome in enumerate(r.per_turn):
+            status = outcome.status
             kind = effective_kind(name, kinds[name][min(turn, len(kinds[name]) - 1)])
             totals.candidates[kind] += 1
             again = clean_turns.get(r.run_key, [])
