@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
 	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,local]'
 	$(BIN)/python -m agent.local_model prepare
+	$(BIN)/python -m tools.pch
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from tools.pch import ready_header_dir
+
 _ORIGINAL_LOAD_INLINE = cpp_extension.load_inline
 
 _GCC_ERROR = re.compile(r"^(?P<file>[^\s:]+\.(?:cpp|cu|h|cuh)):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<kind>(?:fatal )?error):(?P<msg>.*)$")
@@ -184,6 +186,15 @@ def _build_lock(build_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def with_precompiled_header(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The precompiled torch/extension.h first in the include path, when it was built (tools/pch.py);
+    after the key is taken, since it changes how long a build takes, not what it builds."""
+    directory = ready_header_dir()
+    if directory is None:
+        return kwargs
+    return {**kwargs, "extra_include_paths": [str(directory), *_as_list(kwargs.get("extra_include_paths"))]}
+
+
 class CompileCache:
     """Replaces `load_inline` in the worker with a cached, counting version."""
 
@@ -247,6 +258,8 @@ class CompileCache:
             raise CompileFailed(failed_log.read_text())
         kwargs.pop("verbose", None)
         kwargs.pop("build_directory", None)
+        if not cuda:
+            kwargs = with_precompiled_header(kwargs)
         started = time.perf_counter()
         try:
             with _build_lock(build_dir):

@@ -1,0 +1,48 @@
+"""The precompiled torch/extension.h: GCC takes it for the example's flags, and it changes how long a
+C++ build takes, never the compile cache's key or what a CUDA build sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tools import compile_cache, pch
+
+
+def test_header_options_are_torchs_without_the_module_name() -> None:
+    flags = pch.header_cflags()
+    assert "-DTORCH_API_INCLUDE_EXTENSION_H" in flags and "-fPIC" in flags
+    assert any(f.startswith("-std=") for f in flags) and flags[-2:] == list(pch.PCH_FLAGS)
+    assert not any(f.startswith("-DTORCH_EXTENSION_NAME") for f in flags)
+    assert pch.header_dir(("-O2",), Path("/x")) != pch.header_dir(pch.PCH_FLAGS, Path("/x")), "the options are in the key"
+
+
+def test_gcc_takes_the_built_header(tmp_path: Path) -> None:
+    """Built in a private root (about a minute): a source including torch/extension.h twice reads the .gch."""
+    directory = pch.build(root=tmp_path)
+    assert (directory / "ok").exists() and (directory / "torch" / "extension.h.gch").stat().st_size > 1e8
+    assert pch._uses_header(directory, pch.header_cflags())
+    assert not pch._uses_header(tmp_path / "elsewhere", pch.header_cflags())
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ready: bool) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def fake_build(name: str, cpp: Any, cuda: Any, **kwargs: Any) -> object:
+        seen.append((name, kwargs))
+        return object()
+
+    monkeypatch.setattr(compile_cache, "_ORIGINAL_LOAD_INLINE", fake_build)
+    monkeypatch.setattr(compile_cache, "ready_header_dir", lambda: tmp_path / "pch" if ready else None)
+    cache = compile_cache.CompileCache(tmp_path / "cache")
+    cache.load_inline("k", "int f() { return 1; }", functions=["f"], extra_include_paths=["/mine"])
+    cache.load_inline("k", "int f();", cuda_sources="__global__ void g() {}", functions=["f"])
+    (cpp_name, cpp_kwargs), (_, cuda_kwargs) = seen
+    expected = [str(tmp_path / "pch"), "/mine"] if ready else ["/mine"]
+    assert cpp_kwargs["extra_include_paths"] == expected
+    assert "extra_include_paths" not in cuda_kwargs, "a CUDA build is compiled with other options: no header"
+    key = compile_cache.cache_key({"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": {"extra_include_paths": ["/mine"], "functions": ["f"]}})
+    assert cpp_name == f"k_{key[:12]}"
