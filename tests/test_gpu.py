@@ -160,7 +160,9 @@ class TestCudaGuards:
             assert result.status is EvalStatus.CORRECT and result.timing is not None, result.message
             medians.append(result.timing.candidate.median)
         record("content_memo", {"honest_ms": medians[0], "guarded_ms": medians[1], "rotating_inputs_ms": medians[2]})
-        assert medians[1] > 0.5 * medians[0], "the memo hit although every call had fresh inputs"
+        # Against the hit's own time, not the honest kernel's: under `pytest -n 8` other tests share
+        # the GPU, and the honest kernel was once timed at 4.4 ms while the guarded memo (missing) took 2.1.
+        assert medians[1] > 5 * medians[2], "the memo hit although every call had fresh inputs"
         assert medians[2] < 0.3 * medians[0], "rotating inputs should have let the memo hit"
 
     def test_pointer_memo_fails_on_a_reused_address(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
