@@ -58,6 +58,11 @@ class ModelSettings(BaseModel):
     timeout_s: float = 600.0
     retries: int = Field(6, description="attempts on rate limits, timeouts and 5xx")
 
+    @property
+    def embedded(self) -> bool:
+        """Served by llama.cpp on this same machine: `local` or `local-<size>`."""
+        return self.model == "local" or self.model.startswith("local-")
+
 
 class LoopSettings(BaseModel):
     """The refinement loop."""
@@ -65,7 +70,7 @@ class LoopSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     variant: str = "G+E+P"
     turns: int = Field(10, ge=1)
-    target_speedup: float = 1.0
+    target_speedup: float = Field(1.0, description="stop at a correct kernel this fast (Attempt.reaches)")
     hardware_prompt: bool = True
 
     @field_validator("variant")
@@ -83,7 +88,7 @@ STRATEGIES: tuple[str, ...] = ("refine", "best-of-n", "beam")
 
 
 class SearchSettings(BaseModel):
-    """How a strategy schedules the loop's nodes, and the budget that caps any strategy."""
+    """How a strategy schedules turns, and the budget that caps any strategy."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     n: int = Field(4, ge=1, description="best-of-n: independent trajectories")
@@ -94,12 +99,30 @@ class SearchSettings(BaseModel):
     budget_tokens: int | None = Field(None, ge=1, description="no model call starts once this many tokens are spent")
 
 
-def needs_temperature(strategy: str, search: SearchSettings, llm: ModelSettings) -> bool:
-    """Independent samples at temperature 0 are all the same (a scripted model chooses its own)."""
-    return strategy == "best-of-n" and search.n > 1 and llm.temperature <= 0 and not llm.model.startswith("scripted")
+def check_temperature(strategy: str, search: SearchSettings, llm: ModelSettings, samples: int = 1) -> None:
+    """Independent samples at temperature 0 are all the same, so best-of-n's trajectories and an
+    experiment's samples need a temperature above 0 (a scripted model chooses its own replies)."""
+    if llm.temperature > 0 or llm.model.startswith("scripted"):
+        return
+    if strategy == "best-of-n" and search.n > 1:
+        raise ValueError(f"best-of-n with n = {search.n} needs temperature above 0 (--temperature or llm.temperature, e.g. 0.7)")
+    if samples > 1:
+        raise ValueError(
+            f"samples = {samples} needs temperature above 0 (independent samples at temperature 0 are all the same); "
+            "set --temperature or llm.temperature, e.g. 0.7"
+        )
+
+
+def needs_quiet_host(llm: ModelSettings, eval: EvalConfig) -> bool:
+    """Whether LLM calls and evaluations must take turns: the embedded model's server and a CPU
+    evaluation share this machine's cores, so a kernel timed while the model decodes is timed
+    against the server (agent/quiet.py)."""
+    return eval.device == "cpu" and llm.embedded
 
 
 class RunConfig(BaseModel):
+    """One task's run: the model, the loop, the evaluator and the strategy with its budget."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     llm: ModelSettings = ModelSettings()
     loop: LoopSettings = LoopSettings()
@@ -109,6 +132,5 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        if needs_temperature(self.strategy, self.search, self.llm):
-            raise ValueError(f"best-of-n with n = {self.search.n} needs temperature above 0 (e.g. --temperature 0.7)")
+        check_temperature(self.strategy, self.search, self.llm)
         return self

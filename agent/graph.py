@@ -1,9 +1,13 @@
-"""The refinement loop: generate → extract → compile → execute → profile → decide, as a graph.
+"""The refinement loop as two graphs: one turn, and the loop that runs turns until decide says done.
 
-    extract  --code-->  compile  --compiled-->  execute  --correct-->  profile --> decide
-       |no_code            |compile_fail           |wrong                          |
-       +-------------------+-----------------------+----------> decide --continue--> generate
-                                                                       --done------> END
+    turn:  generate -> extract --code--> compile --compiled--> execute --correct--> profile -> record -> END
+                          |no_code          |compile_fail        |wrong                      ^
+                          +-----------------+--------------------+---------------------------+
+    loop:  START -> turn -> decide --continue--> turn
+                                   --done------> END
+
+The turn subgraph is the one engine of a turn: the loop runs it as a node (checkpointed with the
+loop, so a killed run resumes inside the turn in flight), and beam search invokes it per child.
 """
 
 from __future__ import annotations
@@ -12,38 +16,48 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from agent.nodes import AgentContext, compile_candidate, decide, execute, extract, generate, profile
-from agent.state import Outcome, RefineInput, RefineState
+from agent.nodes import AgentContext, compile_candidate, decide, execute, extract, generate, profile, record
+from agent.state import Outcome, RefineInput, RefineState, TurnInput, TurnOutput, TurnState
 
-NODES = {
-    "generate": generate,
-    "extract": extract,
-    "compile": compile_candidate,
-    "execute": execute,
-    "profile": profile,
-    "decide": decide,
+TURN_NODES = {
+    "generate": generate, "extract": extract, "compile": compile_candidate, "execute": execute, "profile": profile, "record": record,
 }
 
-# Where each node's outcome leads: the whole routing of the loop.
+# Where each node's outcome leads: the whole routing of both graphs.
 ROUTES: dict[str, dict[Outcome, str]] = {
-    "extract": {Outcome.CODE: "compile", Outcome.NO_CODE: "decide"},
-    "compile": {Outcome.COMPILED: "execute", Outcome.COMPILE_FAIL: "decide"},
-    "execute": {Outcome.CORRECT: "profile", Outcome.WRONG: "decide"},
-    "decide": {Outcome.CONTINUE: "generate", Outcome.DONE: END},
+    "extract": {Outcome.CODE: "compile", Outcome.NO_CODE: "record"},
+    "compile": {Outcome.COMPILED: "execute", Outcome.COMPILE_FAIL: "record"},
+    "execute": {Outcome.CORRECT: "profile", Outcome.WRONG: "record"},
+    "decide": {Outcome.CONTINUE: "turn", Outcome.DONE: END},
 }
 
 
-def route(state: RefineState) -> Outcome:
+def route(state: TurnState | RefineState) -> Outcome:
     return state["outcome"]
 
 
+def build_turn_graph() -> CompiledStateGraph:
+    """One turn. Without a checkpointer of its own: inside the loop it is checkpointed with it."""
+    turn = StateGraph(TurnState, context_schema=AgentContext, input_schema=TurnInput, output_schema=TurnOutput)
+    for name, node in TURN_NODES.items():
+        turn.add_node(name, node)  # type: ignore[call-overload]
+    turn.add_edge(START, "generate")
+    turn.add_edge("generate", "extract")
+    turn.add_edge("profile", "record")
+    turn.add_edge("record", END)
+    for source in ("extract", "compile", "execute"):
+        turn.add_conditional_edges(source, route, ROUTES[source])  # type: ignore[arg-type]
+    return turn.compile()
+
+
+TURN = build_turn_graph()
+
+
 def build_graph(checkpointer: BaseCheckpointSaver | None = None) -> CompiledStateGraph:
-    graph = StateGraph(RefineState, context_schema=AgentContext, input_schema=RefineInput)
-    for name, node in NODES.items():
-        graph.add_node(name, node)
-    graph.add_edge(START, "generate")
-    graph.add_edge("generate", "extract")
-    graph.add_edge("profile", "decide")
-    for source, table in ROUTES.items():
-        graph.add_conditional_edges(source, route, table)  # type: ignore[arg-type]
-    return graph.compile(checkpointer=checkpointer)
+    loop = StateGraph(RefineState, context_schema=AgentContext, input_schema=RefineInput)
+    loop.add_node("turn", TURN)
+    loop.add_node("decide", decide)
+    loop.add_edge(START, "turn")
+    loop.add_edge("turn", "decide")
+    loop.add_conditional_edges("decide", route, ROUTES["decide"])  # type: ignore[arg-type]
+    return loop.compile(checkpointer=checkpointer)

@@ -1,35 +1,47 @@
 """The graph's nodes: each a small function of the state, returning a partial update.
 
-Live objects (the chat model, the evaluator, where traces go) come from the runtime context,
-so tests pass a scripted model and the real evaluator.
+A turn's nodes (generate, extract, compile, execute, profile, record) make the turn subgraph;
+decide is the loop's. Live objects (the chat model, the evaluator, where traces go) come from the
+runtime context, so tests pass a scripted model and the real evaluator.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
 from langgraph.runtime import Runtime
 
 from agent.budget import Budget
 from agent.config import RunConfig
 from agent.extract import extract_candidate
-from agent.llm import TASK_KEY, TURN_KEY, call_model
-from agent.prompting import build_messages
-from agent.state import Attempt, Outcome, RefineState
-from tools.evaluator import Evaluator
+from agent.llm import TASK_KEY, TURN_KEY, ChatReply, call_model
+from agent.prompting import PromptFrame
+from agent.quiet import QuietHost
+from agent.state import Attempt, Outcome, RefineState, TurnState
 from tools.jobs import TaskProgram
-from tools.results import EvalStatus, Stage
+from tools.results import EvalResult, EvalStatus, Stage
 from traces.schema import TraceMessage, TrajectoryId, TurnRecord
 from traces.store import append_turn
 
 log = structlog.get_logger()
+
+
+class CandidateEvaluator(Protocol):
+    """What the loop needs of an evaluator: tools.evaluator.Evaluator, tools.pool.EvaluatorPool and
+    bench.ray_pool.RayEvaluatorPool each fit (a pool's `run` is thread-safe)."""
+
+    def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult: ...
+
+    def nsight(self, task: TaskProgram, candidate: str) -> EvalResult: ...
 
 
 @dataclass
@@ -38,7 +50,7 @@ class AgentContext:
 
     config: RunConfig
     model: BaseChatModel
-    evaluator: Evaluator
+    evaluator: CandidateEvaluator
     run_dir: Path
     run_id: str
     trajectory: TrajectoryId
@@ -46,43 +58,43 @@ class AgentContext:
     on_turn: Callable[[Attempt], None] | None = None
     budget: Budget = field(default_factory=Budget)
     """Evaluations and tokens left; shared by every trajectory of one strategy run."""
+    host: QuietHost = field(default_factory=lambda: QuietHost(enabled=False))
+    """Shared by every trajectory of a run: LLM calls and evaluations take turns where it is in force."""
+
+    @cached_property
+    def prompts(self) -> PromptFrame:
+        return PromptFrame.of(self.config, self.hardware)
+
+    def ask(self, messages: Sequence[BaseMessage], metadata: dict[str, Any]) -> ChatReply:
+        """One model call, charged to the budget (every call of a run goes through here)."""
+        with self.host.llm_call():
+            reply = call_model(self.model, messages, self.config.llm, config={"metadata": metadata})
+        self.budget.spend_tokens(reply.tokens.total)
+        return reply
+
+    def evaluate(self, task: TaskProgram, code: str, stages: tuple[Stage, ...] | None = None) -> EvalResult:
+        """Evaluator stages for a candidate (None: the Nsight Compute pass)."""
+        with self.host.evaluation():
+            return self.evaluator.nsight(task, code) if stages is None else self.evaluator.run(task, code, stages)
 
 
-def _draft(state: RefineState) -> Attempt:
+def _draft(state: TurnState | RefineState) -> Attempt:
     draft = state.get("draft")
     assert draft is not None, "a node after generate ran without an attempt in flight"
     return draft
 
 
-def _timed(draft: Attempt, phase: str, seconds: float, **update: Any) -> Attempt:
-    return draft.model_copy(update={"phase_seconds": {**draft.phase_seconds, phase: seconds}, **update})
-
-
-def _program(state: RefineState) -> TaskProgram:
+def _program(state: TurnState) -> TaskProgram:
     return TaskProgram(name=state["task"].name, source=state["task"].source)
 
 
-def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+def generate(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     ctx = runtime.context
-    cfg = ctx.config
     turn = state.get("turn", 0) + 1
     attempts = state.get("attempts", [])
-    tol = cfg.eval.precision_tolerance
-    messages = build_messages(
-        task=state["task"],
-        backend=cfg.eval.kernel_backend,
-        variant=cfg.loop.parsed_variant,
-        turn=turn,
-        turns=cfg.loop.turns,
-        previous=attempts[-1] if attempts else None,
-        hardware=ctx.hardware if cfg.loop.hardware_prompt else None,
-        tolerance=tol.rtol,
-        idea=state.get("idea"),
-        precision=cfg.eval.precision,
-    )
+    messages = ctx.prompts.turn(state["task"], turn, ctx.config.loop.turns, attempts[-1] if attempts else None, state.get("idea"))
     started = time.perf_counter()
-    reply = call_model(ctx.model, messages, cfg.llm, config={"metadata": {TURN_KEY: turn, TASK_KEY: ctx.trajectory.task}})
-    ctx.budget.spend_tokens(reply.tokens.total)
+    reply = ctx.ask(messages, {TURN_KEY: turn, TASK_KEY: ctx.trajectory.task})
     draft = Attempt(
         turn=turn,
         messages=tuple(TraceMessage(role=m.type, content=str(m.content)) for m in messages),
@@ -95,7 +107,7 @@ def generate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, An
     return {"turn": turn, "draft": draft, "tokens": reply.tokens}
 
 
-def extract(state: RefineState) -> dict[str, Any]:
+def extract(state: TurnState) -> dict[str, Any]:
     draft = _draft(state)
     found = extract_candidate(draft.reply)
     outcome = Outcome.CODE if found.code is not None else Outcome.NO_CODE
@@ -103,16 +115,18 @@ def extract(state: RefineState) -> dict[str, Any]:
     return {"draft": draft.model_copy(update={"code": found.code, "extract_error": found.problem}), "outcome": outcome}
 
 
-def _evaluate(state: RefineState, runtime: Runtime[AgentContext], node: str, stages: tuple[Stage, ...]) -> Attempt:
+def _evaluate(state: TurnState, runtime: Runtime[AgentContext], phase: str, stages: tuple[Stage, ...] | None) -> Attempt:
+    """The draft with what these stages found merged into its result, and their time."""
     draft = _draft(state)
     assert draft.code is not None
     started = time.perf_counter()
-    found = runtime.context.evaluator.run(_program(state), draft.code, stages)
+    found = runtime.context.evaluate(_program(state), draft.code, stages)
     result = found if draft.result is None else draft.result.merge(found)
-    return _timed(draft, node, time.perf_counter() - started, result=result)
+    seconds = {**draft.phase_seconds, phase: time.perf_counter() - started}
+    return draft.model_copy(update={"result": result, "phase_seconds": seconds})
 
 
-def compile_candidate(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+def compile_candidate(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     runtime.context.budget.spend_eval()
     draft = _evaluate(state, runtime, "compile", (Stage.STATIC, Stage.COMPILE))
     assert draft.result is not None
@@ -121,7 +135,7 @@ def compile_candidate(state: RefineState, runtime: Runtime[AgentContext]) -> dic
     return {"draft": draft, "outcome": outcome}
 
 
-def execute(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+def execute(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     draft = _evaluate(state, runtime, "execute", (Stage.CORRECTNESS,))
     assert draft.result is not None
     outcome = Outcome.CORRECT if draft.result.status is EvalStatus.CORRECT else Outcome.WRONG
@@ -129,38 +143,40 @@ def execute(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any
     return {"draft": draft, "outcome": outcome}
 
 
-def profile(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+def profile(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     draft = _evaluate(state, runtime, "profile", (Stage.TIMING, Stage.PROFILE))
-    if runtime.context.config.loop.parsed_variant.nsight and draft.correct and draft.code is not None:
-        started = time.perf_counter()
-        counters = runtime.context.evaluator.nsight(_program(state), draft.code)
-        assert draft.result is not None
-        draft = _timed(draft, "nsight", time.perf_counter() - started, result=draft.result.merge(counters))
+    if runtime.context.config.loop.parsed_variant.nsight and draft.correct:
+        draft = _evaluate({**state, "draft": draft}, runtime, "nsight", None)
     log.info("node", node="profile", task=state["task"].name, turn=draft.turn, speedup=draft.speedup)
     return {"draft": draft}
 
 
-def decide(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    """End the turn: record it, then stop at the target speedup or when the budget is spent."""
+def record(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    """End the turn: its one trace record (with its place in a search tree, if it has one)."""
     ctx = runtime.context
     draft = _draft(state)
-    record = turn_record(ctx, state, draft)
-    append_turn(ctx.run_dir, record)
-    if ctx.on_turn is not None:
-        ctx.on_turn(draft)
-    target_met = draft.correct and (draft.speedup or 0.0) >= ctx.config.loop.target_speedup
-    done = target_met or draft.turn >= ctx.config.loop.turns or ctx.budget.exhausted
-    outcome = Outcome.DONE if done else Outcome.CONTINUE
-    log.info("node", node="decide", task=state["task"].name, turn=draft.turn, status=record.status, outcome=outcome.value)
-    return {"attempts": [draft], "draft": None, "outcome": outcome}
-
-
-def turn_record(ctx: AgentContext, state: RefineState, draft: Attempt, node_id: str | None = None,
-                parent_id: str | None = None, idea: str | None = None) -> TurnRecord:
-    """The trace record of a finished attempt; search strategies add the node's place in their tree."""
-    return TurnRecord(
+    carried = state.get("carried")
+    if carried is not None:
+        draft = draft.model_copy(update={"tokens": draft.tokens + carried})
+    place = state.get("place")
+    append_turn(ctx.run_dir, TurnRecord(
         run_id=ctx.run_id, trajectory=ctx.trajectory, level=state["task"].level, turn=draft.turn,
         model=ctx.config.llm.model, messages=draft.messages, reply=draft.reply, code=draft.code,
         extract_error=draft.extract_error, result=draft.result, phase_seconds=draft.phase_seconds,
-        tokens=draft.tokens, started_at=draft.started_at, node_id=node_id, parent_id=parent_id, idea=idea,
-    )
+        tokens=draft.tokens, started_at=draft.started_at, node_id=place.node_id if place else None,
+        parent_id=place.parent_id if place else None, idea=state.get("idea"),
+    ))
+    if ctx.on_turn is not None:
+        ctx.on_turn(draft)
+    log.info("node", node="record", task=state["task"].name, turn=draft.turn, status=draft.verdict.value)
+    return {"draft": draft}
+
+
+def decide(state: RefineState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    """After a turn: stop at the target speedup, at the last turn, or when the budget is spent."""
+    ctx = runtime.context
+    draft = _draft(state)
+    done = draft.reaches(ctx.config.loop.target_speedup) or draft.turn >= ctx.config.loop.turns or ctx.budget.exhausted
+    outcome = Outcome.DONE if done else Outcome.CONTINUE
+    log.info("node", node="decide", task=state["task"].name, turn=draft.turn, outcome=outcome.value)
+    return {"attempts": [draft], "draft": None, "outcome": outcome}

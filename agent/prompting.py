@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 import prompts
-from agent.config import Variant
+from agent.config import RunConfig, Variant
 from agent.extract import REFERENCE_ECHO
 from agent.state import Attempt, TaskSpec
 from tools.results import EvalResult, EvalStatus
@@ -181,3 +181,32 @@ def idea_messages(
         dtype=REDUCED_DTYPES.get(precision, ""),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]
+
+
+@dataclass(frozen=True)
+class PromptFrame:
+    """What every prompt of a run states besides the task and its history, read from the config in
+    one place: the backend, the feedback variant, the precision, the tolerance in force (an explicit
+    `--tolerance`, else the precision's default) and the hardware block, if the loop shows it."""
+
+    backend: str
+    variant: Variant
+    precision: str
+    tolerance: float
+    hardware: str | None
+
+    @classmethod
+    def of(cls, config: RunConfig, hardware: str | None) -> PromptFrame:
+        return cls(
+            backend=config.eval.kernel_backend, variant=config.loop.parsed_variant, precision=config.eval.precision,
+            tolerance=config.eval.precision_tolerance.rtol, hardware=hardware if config.loop.hardware_prompt else None,
+        )
+
+    def turn(self, task: TaskSpec, turn: int, turns: int, previous: Attempt | None, idea: str | None = None) -> list[BaseMessage]:
+        return build_messages(
+            task=task, backend=self.backend, variant=self.variant, turn=turn, turns=turns, previous=previous,
+            hardware=self.hardware, tolerance=self.tolerance, idea=idea, precision=self.precision,
+        )
+
+    def ideas(self, task: TaskSpec, parent: Attempt | None, tried: list[str], count: int) -> list[BaseMessage]:
+        return idea_messages(task, self.backend, self.variant, parent, tried, count, self.hardware, self.tolerance, self.precision)

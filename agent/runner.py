@@ -8,21 +8,26 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import structlog
 from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import StateSnapshot
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from agent.budget import Budget
 from agent.config import RunConfig
 from agent.graph import build_graph
-from agent.nodes import AgentContext
-from agent.state import Attempt, TaskSpec, best_attempt
-from tools.evaluator import Evaluator
+from agent.nodes import AgentContext, CandidateEvaluator
+from agent.quiet import QuietHost
+from agent.state import Attempt, Outcome, TaskSpec, best_attempt
 from traces.schema import TokenUsage, TrajectoryId
 from traces.store import trace_path
+
+log = structlog.get_logger()
 
 
 class AttemptsSummary:
@@ -112,7 +117,7 @@ def run_trajectory(
     task: TaskSpec,
     config: RunConfig,
     model: BaseChatModel,
-    evaluator: Evaluator,
+    evaluator: CandidateEvaluator,
     run_dir: Path,
     trajectory: TrajectoryId,
     run_id: str,
@@ -120,6 +125,7 @@ def run_trajectory(
     resume: bool = True,
     on_turn: Callable[[Attempt], None] | None = None,
     budget: Budget | None = None,
+    host: QuietHost | None = None,
 ) -> TrajectoryResult:
     """Run (or resume, or just read back) one trajectory to its end.
 
@@ -130,20 +136,27 @@ def run_trajectory(
     saver = open_checkpointer(run_dir)
     with closing(saver.conn):
         graph = build_graph(checkpointer=saver)
-        thread = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 8 * config.loop.turns + 20}
+        thread: RunnableConfig = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 4 * config.loop.turns + 20}
         ctx = AgentContext(
             config=config, model=model, evaluator=evaluator, run_dir=Path(run_dir), run_id=run_id,
-            trajectory=trajectory, hardware=hardware, on_turn=on_turn, budget=budget,
+            trajectory=trajectory, hardware=hardware, on_turn=on_turn, budget=budget, host=host or QuietHost(enabled=False),
         )
-        snapshot = graph.get_state(thread)
+        snapshot = graph.get_state(thread, subgraphs=True)
         started = bool(snapshot.values)
         if started and not resume:
             raise FileExistsError(
                 f"trajectory {trajectory.slug} already has a checkpoint in {run_dir}; pass --resume to continue it "
                 "or choose another --run-dir"
             )
+        if started and _unfinished_older_layout(saver, graph, thread):
+            # The turn in flight cannot be found again in today's graph, so the trajectory starts over.
+            log.warning("checkpoint_restart", trajectory=trajectory.slug,
+                        reason="an unfinished checkpoint of an older version of the loop; the trajectory starts again")
+            saver.delete_thread(trajectory.slug)
+            trace_path(run_dir, trajectory).unlink(missing_ok=True)
+            started = False
         if started:
-            _charge(budget, snapshot.values)
+            _charge(budget, snapshot)
         if not started and budget.can_generate():
             graph.invoke({"task": task}, thread, context=ctx)
         elif snapshot.next or snapshot.tasks:
@@ -159,13 +172,25 @@ def run_trajectory(
     )
 
 
-def _charge(budget: Budget, values: dict[str, Any]) -> None:
-    """Charge what a checkpointed trajectory already spent (the budget lives outside the checkpoint)."""
-    attempts = list(values.get("attempts", []))
-    draft = values.get("draft")
-    if draft is not None and draft.result is not None:
-        attempts.append(draft)
-    budget.tokens += values.get("tokens", TokenUsage()).total
-    budget.evals += evaluations(attempts)
-    if budget.parent is not None:
-        _charge(budget.parent, values)
+def _unfinished_older_layout(saver: SqliteSaver, graph: CompiledStateGraph, thread: RunnableConfig) -> bool:
+    """A checkpoint of the loop before the turn subgraph (generate, compile, ... were the loop's own
+    nodes) that did not reach its end: it names nodes this graph does not have."""
+    saved = saver.get_tuple(thread)
+    if saved is None:
+        return False
+    scheduled = {c.removeprefix("branch:to:") for c in saved.checkpoint["channel_versions"] if c.startswith("branch:to:")}
+    return bool(scheduled - set(graph.nodes)) and saved.checkpoint["channel_values"].get("outcome") != Outcome.DONE
+
+
+def _charge(budget: Budget, snapshot: StateSnapshot) -> None:
+    """Charge what a checkpointed trajectory already spent (the budget lives outside the checkpoint),
+    the turn in flight inside the turn subgraph included."""
+    states = [snapshot.values, *(t.state.values for t in snapshot.tasks if isinstance(t.state, StateSnapshot))]
+    attempts = list(snapshot.values.get("attempts", []))
+    attempts += [d for d in (s.get("draft") for s in states) if d is not None and d.result is not None]
+    tokens = sum(s.get("tokens", TokenUsage()).total for s in states)
+    charged: Budget | None = budget
+    while charged is not None:
+        charged.tokens += tokens
+        charged.evals += evaluations(attempts)
+        charged = charged.parent

@@ -63,6 +63,10 @@ class Attempt(BaseModel):
     def verdict(self) -> Verdict:
         return Verdict.of(self.code, self.result)
 
+    def reaches(self, target_speedup: float) -> bool:
+        """The target check of every strategy: correct, and at least this fast."""
+        return self.correct and (self.speedup or 0.0) >= target_speedup
+
 
 def best_attempt(attempts: list[Attempt]) -> Attempt | None:
     """The fastest correct attempt; ties go to the earliest."""
@@ -70,17 +74,54 @@ def best_attempt(attempts: list[Attempt]) -> Attempt | None:
     return max(correct, key=lambda a: (a.speedup or 0.0, -a.turn)) if correct else None
 
 
+class TreePlace(BaseModel):
+    """Where a turn's kernel sits in a search tree (beam search); the loop's turns have none."""
+
+    model_config = ConfigDict(frozen=True)
+    node_id: str
+    parent_id: str | None = None
+
+
+class TurnInput(TypedDict, total=False):
+    """What one turn starts from; the loop passes its own state, a strategy builds it."""
+
+    task: TaskSpec
+    turn: int
+    """The turns so far; this turn is number turn + 1."""
+    attempts: list[Attempt]
+    """The attempts before it (the prompt shows the last)."""
+    idea: str | None
+    """An optimisation idea the kernel should apply (beam search)."""
+    place: TreePlace | None
+    carried: TokenUsage
+    """Tokens spent for this turn before it began (a beam's idea call): its record carries them."""
+
+
+class TurnOutput(TypedDict, total=False):
+    turn: int
+    draft: Attempt | None
+    """The finished, recorded attempt."""
+    tokens: Annotated[TokenUsage, operator.add]
+    """The turn's own model tokens."""
+
+
+class TurnState(TurnInput, TurnOutput, total=False):
+    """One turn: generate → extract → compile → execute → profile → record."""
+
+    outcome: Outcome
+
+
 class RefineInput(TypedDict):
     task: TaskSpec
 
 
 class RefineState(TypedDict, total=False):
+    """The loop: one turn after another until decide says done."""
+
     task: TaskSpec
     turn: int
     draft: Attempt | None
-    """The attempt in flight; decide appends it to `attempts` when its turn ends."""
+    """The attempt of the turn just ended; decide appends it to `attempts`."""
     attempts: Annotated[list[Attempt], operator.add]
     outcome: Outcome
     tokens: Annotated[TokenUsage, operator.add]
-    idea: str | None
-    """An optimisation idea the next kernel should apply (beam search); the loop leaves it unset."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tomllib
 import uuid
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -21,9 +20,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer.core import TyperGroup
 
-from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
-from agent.state import Attempt, TaskSpec
+from agent.config import RunConfig
 from bench.logs import configure_logging
+from bench.settings import describe_validation, load_settings
 from bench.tasks import SuiteError
 from tools.config import PRECISION_DTYPES, EvalConfig
 from traces.cli import traces_app
@@ -87,10 +86,6 @@ ToleranceOpt = Annotated[
 TF32Opt = Annotated[bool, typer.Option("--allow-tf32", help="allow TF32 in fp32 matmul and convolution (off by default)")]
 
 
-def _search(**options: int | None) -> dict[str, int]:
-    return {k: v for k, v in options.items() if v is not None}
-
-
 def precision_settings(precision: str | None = None, tolerance: str | None = None, allow_tf32: bool = False) -> dict[str, object]:
     """The EvalConfig fields that --precision, --tolerance and --allow-tf32 set (only those given)."""
     out: dict[str, object] = {}
@@ -120,22 +115,6 @@ def _eval_config(device: str, backend: str | None = None, **overrides: object) -
         return EvalConfig(device=device, backend=backend, **overrides)  # type: ignore[arg-type]  # device checked above
     except ValidationError as exc:
         raise ConfigError(f"evaluator settings: {describe_validation(exc)}") from exc
-
-
-def describe_validation(exc: ValidationError, flags: bool = False) -> str:
-    """A pydantic error in one line: each bad field (as --flag or config key) and what is wrong with it."""
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(x) for x in error["loc"])
-        if flags and where:
-            where = "--" + where.split(".")[-1].replace("_", "-")
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown setting (a typo, or a setting of another version)"
-        value = error.get("input")
-        shown = f" (got {value!r})" if error["type"] not in ("extra_forbidden", "value_error", "missing") and not isinstance(value, dict) else ""
-        parts.append(f"{where}: {message}{shown}" if where else message)
-    return "; ".join(parts)
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -198,24 +177,61 @@ def eval_command(
     raise typer.Exit(0 if result.correct else 1)
 
 
+FLAG_KEYS = {
+    "model": "llm.model", "base_url": "llm.base_url", "api_key_env": "llm.api_key_env", "temperature": "llm.temperature",
+    "max_tokens": "llm.max_tokens", "retries": "llm.retries",
+    "variant": "loop.variant", "turns": "loop.turns", "target_speedup": "loop.target_speedup", "hardware_prompt": "loop.hardware_prompt",
+    "device": "eval.device", "backend": "eval.backend", "trials": "eval.trials",
+    "precision": "eval.precision", "tolerance": "eval.tolerance", "allow_tf32": "eval.allow_tf32",
+    "n": "search.n", "rounds": "search.rounds", "ideas": "search.ideas", "beam_width": "search.beam_width",
+    "budget_evals": "search.budget_evals", "budget_tokens": "search.budget_tokens",
+}
+"""The config key each flag of `run` and `experiment` sets; any other flag sets the key of its own
+name (--strategy, --suite, --workers, ...)."""
+
+
+def given_flags(**values: object) -> dict[str, tuple[str, object]]:
+    """The flags given (not None), by the config key each sets, with the flag's name for messages."""
+    return {FLAG_KEYS.get(name, name): ("--" + name.replace("_", "-"), value) for name, value in values.items() if value is not None}
+
+
+ConfigOpt = Annotated[
+    Optional[Path], typer.Option("--config", exists=True, dir_okay=False, help="TOML settings; flags given override them")
+]
+ModelOpt = Annotated[Optional[str], typer.Option(help="model name; 'local' (embedded, default), 'local-0.5b' or 'scripted:FILE'")]
+BaseUrlOpt = Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint")]
+KeyEnvOpt = Annotated[Optional[str], typer.Option(help="environment variable holding the API key (default OPENAI_API_KEY)")]
+TemperatureOpt = Annotated[Optional[float], typer.Option(help="sampling temperature (default 0)")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option(help="longest reply in tokens (default 4096)")]
+RetriesOpt = Annotated[
+    Optional[int], typer.Option(min=1, help="attempts per model call on rate limits, timeouts, dropped connections and 5xx (default 6)")
+]
+TurnsOpt = Annotated[Optional[int], typer.Option(help="turn budget (default 10)")]
+TargetOpt = Annotated[Optional[float], typer.Option(help="stop once a correct kernel is this fast (default 1.0)")]
+HardwareOpt = Annotated[Optional[bool], typer.Option("--hardware-prompt/--no-hardware-prompt", help="describe the device in the prompt (default on)")]
+BackendOpt = Annotated[Optional[str], typer.Option(help="cpp, cuda or triton; default: the device's")]
+OptDeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu (default) or cuda")]
+
+
 @app.command("run")
 def run_command(
     task_file: Annotated[Path, typer.Option("--task", exists=True, dir_okay=False, help="a task file of a suite")],
-    variant: Annotated[str, typer.Option(help="feedback: G, G+E, G+E+P (+N on CUDA with ncu)")] = "G+E+P",
-    turns: Annotated[int, typer.Option(help="turn budget")] = 10,
-    device: DeviceOpt = "cpu",
-    backend: Annotated[Optional[str], typer.Option(help="cpp, cuda or triton; default: the device's")] = None,
-    model: Annotated[str, typer.Option(help="model name; 'local' (embedded) or 'scripted:FILE'")] = "local",
-    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint")] = None,
-    api_key_env: Annotated[str, typer.Option(help="environment variable holding the API key")] = "OPENAI_API_KEY",
-    temperature: float = 0.0,
-    max_tokens: int = 4096,
-    retries: Annotated[int, typer.Option(min=1, help="attempts per model call on rate limits, timeouts, dropped connections and 5xx")] = 6,
-    target_speedup: Annotated[float, typer.Option(help="stop once a correct kernel is this fast")] = 1.0,
-    hardware_prompt: Annotated[bool, typer.Option(help="describe the device in the prompt")] = True,
+    config_file: ConfigOpt = None,
+    variant: Annotated[Optional[str], typer.Option(help="feedback: G, G+E, G+E+P (default; +N on CUDA with ncu)")] = None,
+    turns: TurnsOpt = None,
+    device: OptDeviceOpt = None,
+    backend: BackendOpt = None,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    temperature: TemperatureOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    retries: RetriesOpt = None,
+    target_speedup: TargetOpt = None,
+    hardware_prompt: HardwareOpt = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="where traces and checkpoints go")] = None,
     resume: Annotated[bool, typer.Option(help="continue this run directory's trajectory")] = False,
-    strategy: Annotated[str, typer.Option(help="refine, best-of-n or beam")] = "refine",
+    strategy: Annotated[Optional[str], typer.Option(help="refine (default), best-of-n or beam")] = None,
     n: Annotated[Optional[int], typer.Option("--n", "--samples", help="best-of-n: independent trajectories (default 4)")] = None,
     rounds: RoundsOpt = None,
     ideas: IdeasOpt = None,
@@ -227,62 +243,31 @@ def run_command(
     allow_tf32: TF32Opt = False,
 ) -> None:
     """One task with one strategy (default: one refinement trajectory), printing each verdict as it happens."""
-    from agent.models import open_chat_model
-    from agent.strategies import StrategyRun, run_strategy
-    from bench.render import print_trajectory_end, turn_line
+    from bench.launch import launch_run
     from bench.tasks import load_task_file
-    from tools.evaluator import Evaluator
-    from tools.hardware import describe
-    from traces.schema import TrajectoryId
 
     configure_logging()
-    numerics = precision_settings(precision, tolerance, allow_tf32)
-    task = load_task_file(task_file, level=_level_of(task_file))
-    check_model(model)
-    search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
-    try:
-        config = RunConfig(
-            llm=ModelSettings(
-                model=model, base_url=base_url, api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens, retries=retries
-            ),
-            loop=LoopSettings(variant=variant, turns=turns, target_speedup=target_speedup, hardware_prompt=hardware_prompt),
-            eval=_eval_config(device, backend, **numerics),
-            strategy=strategy,  # type: ignore[arg-type]
-            search=SearchSettings(**search),
-        )
-    except ValidationError as exc:
-        raise ConfigError(describe_validation(exc, flags=True)) from exc
-    run_dir = run_dir or Path("runs") / f"run-{task.name}-{uuid.uuid4().hex[:6]}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-    trajectory = TrajectoryId(task=task.key, variant=config.loop.variant, precision=config.eval.precision)
-
-    def on_turn(attempt: Attempt) -> None:
-        console.print(turn_line(attempt, turns))
-
-    console.print(
-        f"[bold]{task.key}[/] · {config.loop.variant} · {strategy} · {turns} turns · {device} · {_numerics_text(config.eval)} · model {model}",
-        highlight=False,
+    flags = given_flags(
+        variant=variant, turns=turns, device=device, backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,
+        temperature=temperature, max_tokens=max_tokens, retries=retries, target_speedup=target_speedup,
+        hardware_prompt=hardware_prompt, strategy=strategy, n=n, rounds=rounds, ideas=ideas, beam_width=beam_width,
+        budget_evals=budget_evals, budget_tokens=budget_tokens, **precision_settings(precision, tolerance, allow_tf32),
     )
-    with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
-        result = run_strategy(
-            StrategyRun(
-                task=TaskSpec(name=task.name, source=task.source_for(device), level=task.level), config=config, model=chat,
-                evaluator=evaluator, run_dir=run_dir, trajectory=trajectory, run_id=run_dir.name,
-                hardware=describe(device).block(), resume=resume, on_turn=on_turn,
-            )
-        )
-    print_trajectory_end(console, result)
+    task = load_task_file(task_file, level=_level_of(task_file))
+    config, file_run_dir = load_settings(RunConfig, config_file, flags)
+    check_model(config.llm.model)
+    run_dir = run_dir or file_run_dir or Path("runs") / f"run-{task.name}-{uuid.uuid4().hex[:6]}"
+    launch_run(config, task, run_dir, console, resume=resume)
 
 
 @app.command("experiment")
 def experiment_command(
-    config_file: Annotated[Optional[Path], typer.Option("--config", exists=True, dir_okay=False, help="TOML settings")] = None,
+    config_file: ConfigOpt = None,
     suite: Annotated[Optional[str], typer.Option(help="'builtin' or a KernelBench checkout's KernelBench/ folder")] = None,
     levels: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. 1,2")] = None,
     tasks: Annotated[Optional[str], typer.Option(help="task name filter (substring or glob)")] = None,
     variants: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. G,G+E,G+E+P")] = None,
-    turns: Optional[int] = None,
+    turns: TurnsOpt = None,
     samples: Annotated[Optional[int], typer.Option(help="independent trajectories per task, variant and strategy")] = None,
     strategies: Annotated[Optional[str], typer.Option(help="comma-separated: refine,best-of-n,beam")] = None,
     n: Annotated[Optional[int], typer.Option("--n", help="best-of-n: independent trajectories (default 4)")] = None,
@@ -291,15 +276,16 @@ def experiment_command(
     beam_width: WidthOpt = None,
     budget_evals: EvalsOpt = None,
     budget_tokens: TokensOpt = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu or cuda")] = None,
-    backend: Optional[str] = None,
-    model: Optional[str] = None,
-    base_url: Optional[str] = None,
-    api_key_env: Optional[str] = None,
-    temperature: Optional[float] = None,
-    max_tokens: Optional[int] = None,
-    retries: Annotated[Optional[int], typer.Option(min=1, help="attempts per model call on rate limits, timeouts and 5xx (default 6)")] = None,
-    target_speedup: Optional[float] = None,
+    device: OptDeviceOpt = None,
+    backend: BackendOpt = None,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    temperature: TemperatureOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    retries: RetriesOpt = None,
+    target_speedup: TargetOpt = None,
+    hardware_prompt: HardwareOpt = None,
     workers: Annotated[Optional[int], typer.Option(help="evaluation workers (default: per GPU / per core)")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="trajectories and LLM calls in flight")] = None,
     executor: Annotated[Optional[str], typer.Option(help="local or ray")] = None,
@@ -317,41 +303,17 @@ def experiment_command(
     from bench.launch import launch
 
     configure_logging(quiet=True)
-    numerics = precision_settings(precision, tolerance, allow_tf32)
-    overrides: dict[str, object] = {
-        "suite": suite, "levels": _ints(levels), "tasks": tasks, "variants": _list(variants), "turns": turns,
-        "samples": samples, "strategies": _list(strategies), "device": device, "backend": backend, "target_speedup": target_speedup,
-        "workers": workers, "concurrency": concurrency, "executor": executor,
-    }
-    llm = {
-        "model": model, "base_url": base_url, "api_key_env": api_key_env, "temperature": temperature, "max_tokens": max_tokens,
-        "retries": retries,
-    }
-    data: dict[str, object] = {}
-    if config_file is not None:
-        try:
-            data = tomllib.loads(_read_text(config_file, "config file"))
-        except tomllib.TOMLDecodeError as exc:
-            raise InputFileError(f"config file {config_file} is not valid TOML: {exc}") from exc
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    data["llm"] = {**dict(data.get("llm", {})), **{k: v for k, v in llm.items() if v is not None}}  # type: ignore[arg-type]
-    search = _search(n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals, budget_tokens=budget_tokens)
-    data["search"] = {**dict(data.get("search", {})), **search}  # type: ignore[arg-type]
-    run_dir = run_dir or Path(str(data.pop("run_dir", "") or f"runs/experiment-{uuid.uuid4().hex[:6]}"))
-    data.pop("run_dir", None)
-    source = f"--config {config_file} and flags" if config_file is not None else "flags"
-    for section in ("llm", "search", "eval"):
-        if not isinstance(data.get(section, {}), dict):
-            raise ConfigError(f"{source}: {section} must be a table ([{section}]), not {data[section]!r}")
-    eval_flags = {**numerics, **({"trials": trials} if trials is not None else {})}
-    if eval_flags:
-        data["eval"] = {**dict(data.get("eval", {})), **eval_flags}  # type: ignore[arg-type]
-    try:
-        config = ExperimentConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"experiment settings ({source}): {describe_validation(exc)}") from exc
+    flags = given_flags(
+        suite=suite, levels=_ints(levels), tasks=tasks, variants=_list(variants), turns=turns, samples=samples,
+        strategies=_list(strategies), n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals,
+        budget_tokens=budget_tokens, device=device, backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,
+        temperature=temperature, max_tokens=max_tokens, retries=retries, target_speedup=target_speedup,
+        hardware_prompt=hardware_prompt, workers=workers, concurrency=concurrency, executor=executor, trials=trials,
+        **precision_settings(precision, tolerance, allow_tf32),
+    )
+    config, file_run_dir = load_settings(ExperimentConfig, config_file, flags)
     check_model(config.llm.model)
-    launch(config, run_dir, console, wide=wide)
+    launch(config, run_dir or file_run_dir or Path(f"runs/experiment-{uuid.uuid4().hex[:6]}"), console, wide=wide)
 
 
 @app.command("report")
@@ -382,12 +344,6 @@ def report_command(
 
     report(run_dir, console=console, plots=plots, wide=wide)
     console.print(f"written: {run_dir / 'report.json'}", highlight=False)
-
-
-def _numerics_text(config: EvalConfig) -> str:
-    """`fp32, atol = rtol = 0.0001` (and `TF32 allowed` where it is)."""
-    tf32 = ", TF32 allowed" if config.allow_tf32 else ""
-    return f"{config.precision}, atol = rtol = {config.precision_tolerance.atol:g}{tf32}"
 
 
 def _list(text: str | None) -> list[str] | None:

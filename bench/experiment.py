@@ -1,7 +1,7 @@
 """Experiments: suites × variants × samples, run in parallel, resumable, one results file.
 
 A run directory holds:
-- config.json: the settings (re-running the same command resumes);
+- config.json: the settings, versioned (CONFIG_SCHEMA_VERSION); re-running the same command resumes;
 - results.jsonl: one versioned record per finished trajectory (see RESULTS_SCHEMA_VERSION);
 - traces/: one JSONL trace per trajectory;
 - checkpoints.sqlite: LangGraph checkpoints of unfinished trajectories;
@@ -17,18 +17,21 @@ from __future__ import annotations
 import json
 import os
 import threading
-import tomllib
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from langchain_core.language_models import BaseChatModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.config import STRATEGIES, LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, needs_temperature
+from agent.config import STRATEGIES, LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, check_temperature
+from agent.nodes import CandidateEvaluator
+from agent.quiet import QuietHost
 from agent.state import TaskSpec
 from agent.strategies import StrategyResult, StrategyRun, run_strategy
+from bench.settings import describe_validation, load_settings, nest_flat_keys
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
 from traces.errors import ConfigError, RunDirError
@@ -37,65 +40,98 @@ from traces.verdict import Verdict, best_verdict
 
 
 class ExperimentConfig(BaseModel):
-    """Everything an experiment needs; loadable from TOML and checked in."""
+    """Everything an experiment needs; loadable from TOML and checked in.
+
+    Each trajectory runs with the RunConfig that `run_config` gives: the experiment's llm, loop,
+    eval and search settings, with one of its variants and strategies. Older flat keys (`turns`,
+    `target_speedup`, `hardware_prompt`, `device`, `backend` at the top level) still load.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     suite: str = Field("builtin", description="'builtin' or the path of a KernelBench checkout's KernelBench/ folder")
     levels: list[int] = [1]
     tasks: str | None = Field(None, description="name filter: substring or glob")
-    variants: list[str] = ["G", "G+E", "G+E+P"]
-    turns: int = Field(10, ge=1)
+    variants: list[str] = Field(["G", "G+E", "G+E+P"], description="feedback variants: each runs on every task")
     samples: int = Field(1, ge=1, description="independent trajectories per task and variant")
     strategies: list[str] = Field(["refine"], description="refine, best-of-n, beam: each runs on every task and variant")
+    llm: ModelSettings = ModelSettings()
+    loop: LoopSettings = Field(LoopSettings(), description="turns, target speedup and hardware prompt (the variant is each of `variants`)")
+    eval: EvalConfig = EvalConfig()
     search: SearchSettings = Field(SearchSettings(), description="strategy options and the budget that caps each run")
-    target_speedup: float = 1.0
-    hardware_prompt: bool = True
-    device: Literal["cpu", "cuda"] = "cpu"
-    backend: Literal["cpp", "cuda", "triton"] | None = None
     workers: int = Field(0, ge=0, description="evaluation workers; 0: one per GPU, or one per core on CPU")
     concurrency: int = Field(4, ge=1, description="trajectories (and LLM calls) in flight at once")
     executor: Literal["local", "ray"] = "local"
-    llm: ModelSettings = ModelSettings()
-    eval: EvalConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layout(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = nest_flat_keys(data)
+        loop = data.get("loop")
+        given = loop.model_fields_set if isinstance(loop, LoopSettings) else set(loop or ())
+        if "variant" in given:
+            raise ValueError("loop.variant: an experiment lists its feedback variants in `variants` (e.g. variants = [\"G+E\"])")
+        return data
+
+    @field_validator("variants")
+    @classmethod
+    def _valid_variants(cls, value: list[str]) -> list[str]:
+        for v in value:
+            Variant.parse(v)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
-        for v in self.variants:
-            Variant.parse(v)
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown or not self.strategies:
             raise ValueError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; strategies are {', '.join(STRATEGIES)}")
-        if "best-of-n" in self.strategies and needs_temperature("best-of-n", self.search, self.llm):
-            raise ValueError(f"best-of-n with n = {self.search.n} needs temperature above 0; set llm.temperature, e.g. 0.7")
-        if self.samples > 1 and self.llm.temperature <= 0 and not self.llm.model.startswith("scripted:"):
-            raise ValueError(
-                f"samples = {self.samples} needs temperature above 0 (independent samples at temperature 0 are "
-                "all the same); set llm.temperature, e.g. 0.7"
-            )
+        for strategy in self.strategies:
+            check_temperature(strategy, self.search, self.llm, self.samples)
         return self
 
     @classmethod
-    def from_toml(cls, path: Path, **overrides: object) -> ExperimentConfig:
-        data = tomllib.loads(Path(path).read_text())
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
+    def from_toml(cls, path: Path) -> ExperimentConfig:
+        return load_settings(cls, path, {})[0]
 
     def eval_config(self) -> EvalConfig:
-        base = self.eval or EvalConfig()
-        return base.model_copy(update={"device": self.device, "backend": self.backend})
+        """The evaluator settings (`.eval`); kept for callers written before the nesting (bench/soak, bench/perf)."""
+        return self.eval
 
     def run_config(self, variant: str, strategy: str = "refine") -> RunConfig:
-        loop = LoopSettings(variant=variant, turns=self.turns, target_speedup=self.target_speedup, hardware_prompt=self.hardware_prompt)
-        return RunConfig(llm=self.llm, loop=loop, eval=self.eval_config(), strategy=strategy, search=self.search)  # type: ignore[arg-type]
+        loop = self.loop.model_copy(update={"variant": str(Variant.parse(variant))})
+        return RunConfig(llm=self.llm, loop=loop, eval=self.eval, strategy=strategy, search=self.search)  # type: ignore[arg-type]
+
+    def saved(self) -> dict[str, Any]:
+        """The settings as config.json keeps them (without the loop's unused variant)."""
+        return {"schema_version": CONFIG_SCHEMA_VERSION, **self.model_dump(mode="json", exclude={"loop": {"variant"}})}
 
     def worker_count(self) -> int:
         if self.workers:
             return self.workers
-        if self.device == "cuda":
+        if self.eval.device == "cuda":
             from tools.pool import gpu_count
 
             return max(1, gpu_count())
         return max(1, len(os.sched_getaffinity(0)))
+
+
+CONFIG_SCHEMA_VERSION = 1
+"""Version history of an experiment's config.json (read_saved_config migrates older ones):
+- 0: before the version field: turns, target_speedup, hardware_prompt, device and backend at the
+  top level, `eval` null for the defaults.
+- 1: `schema_version`; those keys in `loop` and `eval`."""
+
+
+def _config_v0_to_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    return {**nest_flat_keys(raw), "schema_version": 1}
+
+
+def read_saved_config(path: Path) -> ExperimentConfig:
+    """An experiment's config.json, of any known version (ValueError when it is not one)."""
+    raw = migrate(path.read_text(), CONFIG_SCHEMA_VERSION, {0: _config_v0_to_v1}, "experiment config")
+    raw.pop("schema_version")
+    return ExperimentConfig.model_validate(raw)
 
 
 RESULTS_SCHEMA_VERSION = 1
@@ -247,21 +283,26 @@ def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
     ]
 
 
-_RUNTIME_ONLY = {"workers", "concurrency", "executor"}
-_PRECISION_FIELDS = ("precision", "tolerance", "allow_tf32")
+_RUNTIME_ONLY = {"workers", "concurrency", "executor", "eval.cache_dir"}
+_PRECISION_FIELDS = {"eval.precision", "eval.tolerance", "eval.allow_tf32"}
 """Evaluator settings that may differ between invocations sharing a run directory: each precision's
 trajectories are its own (TrajectoryRecord.run_key), and precisions.json pins its tolerance and TF32."""
 
 
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _comparable(config: ExperimentConfig) -> dict[str, object]:
-    """The settings every invocation on one run directory must share."""
-    data = config.model_dump(mode="json", exclude=_RUNTIME_ONLY)
-    if data.get("eval") is not None:
-        rest = {k: v for k, v in data["eval"].items() if k not in _PRECISION_FIELDS}
-        default = {k: v for k, v in EvalConfig().model_dump(mode="json").items() if k not in _PRECISION_FIELDS}
-        # `--precision bf16` alone gives an [eval] table that differs from none only in the precision.
-        data["eval"] = None if rest == default else rest
-    return data
+    """The settings every invocation on one run directory must share, by dotted key."""
+    data = _flat(config.saved())
+    return {k: v for k, v in data.items() if k not in _RUNTIME_ONLY | _PRECISION_FIELDS | {"schema_version"}}
 
 
 class Numerics(BaseModel):
@@ -295,7 +336,7 @@ def read_precisions(run_dir: Path) -> dict[str, Numerics]:
     if saved.exists():
         # A run directory from before precisions.json: its one precision is the saved config's.
         try:
-            eval_config = ExperimentConfig.model_validate_json(saved.read_text()).eval_config()
+            eval_config = read_saved_config(saved).eval
         except ValueError:
             return {}
         return {eval_config.precision: Numerics.of(eval_config)}
@@ -314,20 +355,20 @@ def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
     precisions = read_precisions(run_dir)
     if saved.exists():
         try:
-            before = _comparable(ExperimentConfig.model_validate_json(saved.read_text()))
+            before = _comparable(read_saved_config(saved))
         except ValueError as exc:
             raise RunDirError(
                 f"{saved} is not an experiment config this version of refinery reads (written by another version, "
-                "or by `refinery run`); choose another --run-dir"
+                f"or by `refinery run`: {describe_validation(exc) if isinstance(exc, ValidationError) else exc}); choose another --run-dir"
             ) from exc
         now = _comparable(config)
         if before != now:
-            changed = sorted(k for k, v in now.items() if before.get(k) != v)
+            changed = sorted(k for k in now.keys() | before.keys() if before.get(k) != now.get(k))
             raise RunDirError(
                 f"{run_dir} holds a run with other settings ({saved}; differing: {', '.join(changed) or 'fields'}); "
                 "resume it with the same settings or choose another --run-dir"
             )
-    eval_config = config.eval_config()
+    eval_config = config.eval
     numerics = Numerics.of(eval_config)
     held = precisions.get(eval_config.precision)
     if held is not None and held != numerics:
@@ -337,14 +378,14 @@ def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
         )
     precisions[eval_config.precision] = numerics
     precisions_path(run_dir).write_text(json.dumps({p: n.model_dump() for p, n in precisions.items()}, indent=2) + "\n")
-    saved.write_text(config.model_dump_json(indent=2))
+    saved.write_text(json.dumps(config.saved(), indent=2) + "\n")
 
 
 def run_experiment(
     config: ExperimentConfig,
     run_dir: Path,
-    model_factory: Callable[[], object],
-    evaluator: object,
+    model_factory: Callable[[], BaseChatModel],
+    evaluator: CandidateEvaluator,
     on_done: Callable[[TrajectoryRecord], None] | None = None,
     hardware: str | None = None,
 ) -> list[TrajectoryRecord]:
@@ -352,9 +393,11 @@ def run_experiment(
     experiment's precision (others the run directory holds are left as they are).
 
     `model_factory` gives a chat model per trajectory (they run in parallel threads), and
-    `evaluator` is shared: a pool whose `run` is thread-safe.
+    `evaluator` is shared: a pool whose `run` is thread-safe. Where the embedded model shares the
+    CPU with the evaluator, every trajectory's LLM calls and evaluations take turns (agent/quiet.py).
     """
-    eval_config = config.eval_config()
+    eval_config = config.eval
+    host = QuietHost.for_settings(config.llm, eval_config)
     precision = eval_config.precision
     finished = {r.run_key: r for r in read_results(run_dir) if r.precision == precision}
     todo = [(t, v, s, st) for t, v, s, st in plan(config) if (t.key, v, s, st, precision) not in finished]
@@ -363,10 +406,10 @@ def run_experiment(
 
     def one(task: Task, variant: str, sample: int, strategy: str) -> TrajectoryRecord:
         trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy, precision=precision)
-        spec = TaskSpec(name=task.name, source=task.source_for(config.device), level=task.level)
+        spec = TaskSpec(name=task.name, source=task.source_for(eval_config.device), level=task.level)
         run = StrategyRun(
-            task=spec, config=config.run_config(variant, strategy), model=model_factory(), evaluator=evaluator,  # type: ignore[arg-type]
-            run_dir=run_dir, trajectory=trajectory, run_id=run_id, hardware=hardware, resume=True,
+            task=spec, config=config.run_config(variant, strategy), model=model_factory(), evaluator=evaluator,
+            run_dir=run_dir, trajectory=trajectory, run_id=run_id, hardware=hardware, resume=True, host=host,
         )
         record = record_of(task, variant, sample, run_strategy(run), strategy, eval_config)
         writer.append(record)

@@ -1,39 +1,93 @@
-"""Launching an experiment: the model, the evaluation pool, progress, and the table at the end."""
+"""Launching what the CLI asked for: the model, the evaluator or evaluation pool, progress, and the
+results at the end, for `refinery run` (one task) and `refinery experiment`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agent.config import RunConfig, needs_quiet_host
 from agent.models import open_chat_model
+from agent.nodes import CandidateEvaluator
+from agent.quiet import QuietHost
+from agent.state import Attempt, TaskSpec
+from agent.strategies import StrategyRun, run_strategy
 from bench.experiment import ExperimentConfig, TrajectoryRecord, is_correct, plan, prepare_run_dir, read_results, run_experiment
+from bench.render import print_trajectory_end, turn_line
 from bench.report import report
+from bench.tasks import Task
+from tools.config import EvalConfig
 from tools.hardware import describe
+from traces.schema import TrajectoryId
+
+QUIET_NOTE = " · LLM calls and evaluations take turns (embedded model on this CPU)"
 
 
-def make_pool(config: ExperimentConfig) -> object:
-    eval_config = config.eval_config()
+class EvaluationPool(CandidateEvaluator, Protocol):
+    """An experiment's shared evaluator: tools.pool.EvaluatorPool or bench.ray_pool.RayEvaluatorPool."""
+
+    def close(self) -> None: ...
+
+
+def _numerics_text(config: EvalConfig) -> str:
+    """`fp32, atol = rtol = 0.0001` (and `TF32 allowed` where it is)."""
+    tf32 = ", TF32 allowed" if config.allow_tf32 else ""
+    return f"{config.precision}, atol = rtol = {config.precision_tolerance.atol:g}{tf32}"
+
+
+def make_pool(config: ExperimentConfig) -> EvaluationPool:
     if config.executor == "ray":
         from bench.ray_pool import RayEvaluatorPool
 
-        return RayEvaluatorPool(eval_config, workers=config.worker_count())
+        return RayEvaluatorPool(config.eval, workers=config.worker_count())
     from tools.pool import EvaluatorPool
 
-    return EvaluatorPool(eval_config, workers=config.worker_count())
+    return EvaluatorPool(config.eval, workers=config.worker_count())
+
+
+def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, resume: bool = False) -> None:
+    """One task with the config's strategy, printing each verdict as it happens."""
+    from tools.evaluator import Evaluator
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    trajectory = TrajectoryId(task=task.key, variant=config.loop.variant, precision=config.eval.precision)
+    quiet = QUIET_NOTE if needs_quiet_host(config.llm, config.eval) else ""
+    console.print(
+        f"[bold]{task.key}[/] · {config.loop.variant} · {config.strategy} · {config.loop.turns} turns · {config.eval.device} · "
+        f"{_numerics_text(config.eval)} · model {config.llm.model}{quiet}",
+        highlight=False,
+    )
+
+    def on_turn(attempt: Attempt) -> None:
+        console.print(turn_line(attempt, config.loop.turns))
+
+    with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
+        result = run_strategy(
+            StrategyRun(
+                task=TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level), config=config,
+                model=chat, evaluator=evaluator, run_dir=run_dir, trajectory=trajectory, run_id=run_dir.name,
+                hardware=describe(config.eval.device).block(), resume=resume, on_turn=on_turn,
+                host=QuietHost.for_settings(config.llm, config.eval),
+            )
+        )
+    print_trajectory_end(console, result)
 
 
 def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool = False) -> None:
     prepare_run_dir(run_dir, config)
     total = len(plan(config))
-    numerics = config.eval_config()
+    numerics = config.eval
     done = [r for r in read_results(run_dir) if r.precision == numerics.precision]
+    quiet = QUIET_NOTE if needs_quiet_host(config.llm, config.eval) else ""
     console.print(
         f"[bold]experiment[/] {run_dir}: {total} trajectories ({len(done)} already finished) · "
-        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.turns} turns · {config.device} · "
-        f"{numerics.precision} (atol = rtol = {numerics.precision_tolerance.atol:g}{', TF32 allowed' if numerics.allow_tf32 else ''}) · "
-        f"model {config.llm.model}",
+        f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.loop.turns} turns · "
+        f"{numerics.device} · {numerics.precision} (atol = rtol = {numerics.precision_tolerance.atol:g}"
+        f"{', TF32 allowed' if numerics.allow_tf32 else ''}) · model {config.llm.model}{quiet}",
         highlight=False,
     )
     counts = {"done": len(done), "correct": sum(map(is_correct, done)), "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1)}
@@ -61,7 +115,7 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
 
         pool = make_pool(config)
         try:
-            run_experiment(config, run_dir, lambda: chat, pool, on_done=on_done, hardware=describe(config.device).block())
+            run_experiment(config, run_dir, lambda: chat, pool, on_done=on_done, hardware=describe(config.eval.device).block())
         finally:
-            pool.close()  # type: ignore[attr-defined]
+            pool.close()
     report(run_dir, console=console, wide=wide)

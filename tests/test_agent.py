@@ -53,7 +53,7 @@ def make_config(cpu_config: EvalConfig, variant: str, turns: int = 5, target: fl
 
 
 def stream(config: RunConfig, replies: list[str], evaluator: Evaluator, relu_task: TaskProgram, run_dir: Path) -> tuple[list[str], dict[str, Any]]:
-    """Run the graph, returning the nodes in the order visited and the final state."""
+    """Run the graph, returning the nodes in the order visited (the turn subgraph's, then decide) and the final state."""
     graph = build_graph()
     ctx = AgentContext(
         config=config, model=scripted_model(replies), evaluator=evaluator, run_dir=run_dir, run_id="test",
@@ -61,8 +61,8 @@ def stream(config: RunConfig, replies: list[str], evaluator: Evaluator, relu_tas
     )
     visited: list[str] = []
     task = TaskSpec(name=relu_task.name, source=relu_task.source, level=1)
-    for update in graph.stream({"task": task}, {"recursion_limit": 100}, context=ctx, stream_mode="updates"):
-        visited.extend(update)
+    for _, update in graph.stream({"task": task}, {"recursion_limit": 100}, context=ctx, stream_mode="updates", subgraphs=True):
+        visited.extend(name for name in update if name != "turn")
     records = read_trace(next((run_dir / "traces").glob("*.jsonl")))
     return visited, {"records": records}
 
@@ -79,9 +79,9 @@ def test_every_outcome_is_routed() -> None:
 def test_compile_error_then_wrong_then_correct_under_G_E(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
     visited, out = stream(make_config(cpu_config, "G+E"), SCRIPT, evaluator, relu_task, tmp_path)
     assert visited == [
-        "generate", "extract", "compile", "decide",
-        "generate", "extract", "compile", "execute", "decide",
-        "generate", "extract", "compile", "execute", "profile", "decide",
+        "generate", "extract", "compile", "record", "decide",
+        "generate", "extract", "compile", "execute", "record", "decide",
+        "generate", "extract", "compile", "execute", "profile", "record", "decide",
     ]
     first, second, third = out["records"]
     assert first.status == "compile_error" and second.status == "incorrect" and third.status == "correct"
@@ -132,7 +132,7 @@ def test_budget_is_respected(cpu_config: EvalConfig, evaluator: Evaluator, relu_
 def test_reply_without_code_is_fed_back_and_counts(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
     replies = ["I would use OpenMP and vectorise the loop.", reply(RIGHT)]
     visited, out = stream(make_config(cpu_config, "G+E", turns=3), replies, evaluator, relu_task, tmp_path)
-    assert visited[:3] == ["generate", "extract", "decide"]
+    assert visited[:4] == ["generate", "extract", "record", "decide"]
     first, second = out["records"]
     assert first.status == "no_code" and first.turn == 1
     assert "no ```python code block" in prompt_of(second)
@@ -275,3 +275,32 @@ def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator:
     everything = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert secret.encode() not in everything
     assert secret not in capsys.readouterr().out
+
+
+def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+    """Before the turn subgraph, generate, extract, compile... were the loop's own nodes: a run killed
+    mid-turn then cannot resume inside today's turn, and must not read as finished either."""
+    from langgraph.graph import START, StateGraph
+
+    from agent.state import RefineState
+
+    def old_generate(state: Any) -> dict[str, Any]:
+        return {"turn": 1, "outcome": Outcome.CODE}
+
+    def old_compile(state: Any) -> dict[str, Any]:
+        raise KeyboardInterrupt("killed in the older loop's compile node")
+
+    old = StateGraph(RefineState)
+    old.add_node("generate", old_generate)
+    old.add_node("compile", old_compile)
+    old.add_edge(START, "generate")
+    old.add_edge("generate", "compile")
+    trajectory = TrajectoryId(task="relu", variant="G+E")
+    saver = open_checkpointer(tmp_path)
+    with closing(saver.conn), pytest.raises(KeyboardInterrupt):
+        old.compile(checkpointer=saver).invoke({"task": TaskSpec(name="relu", source=relu_task.source)}, {"configurable": {"thread_id": trajectory.slug}})
+
+    config = make_config(cpu_config, "G+E", turns=2, target=1e9)
+    result = run_trajectory(TaskSpec(name="relu", source=relu_task.source), config, scripted_model(["no code today"]), evaluator,
+                            tmp_path, trajectory, run_id="r")
+    assert result.turns == 2 and [r.status for r in read_trace(result.trace)] == ["no_code", "no_code"]

@@ -172,3 +172,97 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
     by_key = {r.key: r for r in clean}
     assert by_key[("level1/1_relu", "G+E", 0)].per_turn[0].status == "compile_error"
     assert by_key[("level2/9_bias_tanh_clamp_chain", "G", 0)].turns == 1, "stopped at the target"
+
+
+# config.json as an experiment wrote it before the loop and evaluator settings were nested (no
+# schema_version; turns, target_speedup, hardware_prompt, device and backend at the top level).
+V0_CONFIG = {
+    "suite": "builtin", "levels": [1], "tasks": "1_relu", "variants": ["G", "G+E"], "turns": 2, "samples": 1,
+    "strategies": ["refine"], "search": {"n": 4, "rounds": 3, "ideas": 3, "beam_width": 2, "budget_evals": None, "budget_tokens": None},
+    "target_speedup": 1.5, "hardware_prompt": False, "device": "cpu", "backend": None, "workers": 0, "concurrency": 4,
+    "executor": "local", "llm": {"model": "scripted:x.json", "base_url": None, "api_key_env": "OPENAI_API_KEY", "temperature": 0.0,
+                                 "max_tokens": 4096, "timeout_s": 600.0, "retries": 6},
+    "eval": None,
+}
+
+
+def test_config_json_of_older_runs_still_loads_and_resumes(tmp_path: Path) -> None:
+    from bench.experiment import CONFIG_SCHEMA_VERSION, prepare_run_dir, read_precisions, read_saved_config
+
+    (tmp_path / "config.json").write_text(json.dumps(V0_CONFIG))
+    old = read_saved_config(tmp_path / "config.json")
+    assert (old.loop.turns, old.loop.target_speedup, old.loop.hardware_prompt, old.eval.device) == (2, 1.5, False, "cpu")
+    assert {p: n.tolerance for p, n in read_precisions(tmp_path).items()} == {"fp32": 1e-4}
+    # The same experiment in today's layout resumes the old directory; the file is then today's.
+    same = ExperimentConfig(
+        tasks="1_relu", variants=["G", "G+E"], loop={"turns": 2, "target_speedup": 1.5, "hardware_prompt": False},
+        llm={"model": "scripted:x.json"}, concurrency=2,
+    )
+    assert same == old.model_copy(update={"concurrency": 2})
+    prepare_run_dir(tmp_path, same)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["schema_version"] == CONFIG_SCHEMA_VERSION and saved["loop"] == {"turns": 2, "target_speedup": 1.5, "hardware_prompt": False}
+    assert read_saved_config(tmp_path / "config.json") == same
+    # Other settings are still refused, by their key.
+    (tmp_path / "config.json").write_text(json.dumps({**V0_CONFIG, "turns": 3}))
+    with pytest.raises(RunDirError, match="differing: loop.turns"):
+        prepare_run_dir(tmp_path, same)
+    # An old [eval] table kept the evaluator's default device; the top-level device was the one in force.
+    (tmp_path / "config.json").write_text(json.dumps({**V0_CONFIG, "device": "cuda", "eval": {"device": "cpu", "trials": 7}}))
+    assert (read_saved_config(tmp_path / "config.json").eval.device, read_saved_config(tmp_path / "config.json").eval.trials) == ("cuda", 7)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "schema_version": CONFIG_SCHEMA_VERSION + 1}))
+    with pytest.raises(RunDirError, match="newer than this kernel-refinery"):
+        prepare_run_dir(tmp_path, same)
+
+
+def test_toml_flat_or_nested_with_flags_on_top(tmp_path: Path) -> None:
+    from bench.settings import load_settings
+
+    flat = tmp_path / "flat.toml"
+    flat.write_text('variants = ["G"]\nturns = 2\ntarget_speedup = 3.0\ndevice = "cpu"\nrun_dir = "runs/x"\n[eval]\ntrials = 7\n')
+    nested = tmp_path / "nested.toml"
+    nested.write_text('variants = ["G"]\nrun_dir = "runs/x"\n[loop]\nturns = 2\ntarget_speedup = 3.0\n[eval]\ndevice = "cpu"\ntrials = 7\n')
+    a, a_dir = load_settings(ExperimentConfig, flat, {})
+    b, b_dir = load_settings(ExperimentConfig, nested, {})
+    assert a == b and a_dir == b_dir == Path("runs/x") and (a.loop.turns, a.eval.trials) == (2, 7)
+    # A flag wins over the file, a flat key of it included, and leaves the rest of its section alone.
+    for path in (flat, nested):
+        c, _ = load_settings(ExperimentConfig, path, {"loop.turns": ("--turns", 5), "eval.precision": ("--precision", "bf16")})
+        assert (c.loop.turns, c.loop.target_speedup, c.eval.trials, c.eval.precision) == (5, 3.0, 7, "bf16")
+    # The checked-in configs load (the demo: one trajectory at a time on the embedded model).
+    for toml in sorted((Path(__file__).parent.parent / "bench" / "configs").glob("*.toml")):
+        config, run_dir = load_settings(ExperimentConfig, toml, {})
+        assert run_dir is not None and config.llm.model == "local" and config.eval.device == "cpu", toml
+    # An experiment's variants are its own list: a loop.variant would be ignored, so it is refused.
+    with pytest.raises(ValueError, match="variants"):
+        ExperimentConfig(loop={"variant": "G"})
+
+
+def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`refinery run --config` and `refinery experiment --config` read one file, flags on top."""
+    from typer.testing import CliRunner
+
+    import bench.launch
+    from agent.config import RunConfig
+    from bench.cli import app
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(bench.launch, "launch_run", lambda config, task, run_dir, *a, **k: seen.update(run=config, run_dir=run_dir))
+    monkeypatch.setattr(bench.launch, "launch", lambda config, run_dir, *a, **k: seen.update(experiment=config, run_dir=run_dir))
+    script = tmp_path / "script.json"
+    script.write_text('["no code"]')
+    toml = tmp_path / "settings.toml"
+    toml.write_text(f'run_dir = "{tmp_path / "from-file"}"\n[loop]\nturns = 2\n[llm]\nmodel = "scripted:{script}"\n[search]\nrounds = 5\n[eval]\ntrials = 9\n')
+    relu = Path(__file__).parent.parent / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
+    result = CliRunner().invoke(app, ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--no-hardware-prompt"])
+    assert result.exit_code == 0, result.output
+    run = seen["run"]
+    assert isinstance(run, RunConfig)
+    assert (run.loop.turns, run.loop.hardware_prompt, run.strategy, run.search.rounds, run.eval.trials) == (4, False, "beam", 5, 9)
+    assert seen["run_dir"] == tmp_path / "from-file"
+    result = CliRunner().invoke(app, ["experiment", "--config", str(toml), "--trials", "3", "--run-dir", str(tmp_path / "flag")])
+    assert result.exit_code == 0, result.output
+    experiment = seen["experiment"]
+    assert isinstance(experiment, ExperimentConfig)
+    assert (experiment.loop.turns, experiment.search.rounds, experiment.eval.trials) == (2, 5, 3)
+    assert seen["run_dir"] == tmp_path / "flag"

@@ -280,8 +280,9 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
         prepare_run_dir(run_dir, experiment(precision="bf16", tolerance=0.05))
     with pytest.raises(RunDirError, match="TF32 allowed"):
         prepare_run_dir(run_dir, experiment(allow_tf32=True))
-    with pytest.raises(RunDirError, match="differing: turns"):
-        prepare_run_dir(run_dir, experiment(precision="bf16").model_copy(update={"turns": 2}))
+    with pytest.raises(RunDirError, match="differing: loop.turns"):
+        bf16_config = experiment(precision="bf16")
+        prepare_run_dir(run_dir, bf16_config.model_copy(update={"loop": bf16_config.loop.model_copy(update={"turns": 2})}))
     # And the report shows both, side by side.
     console = Console(file=io.StringIO(), width=80, record=True)
     scores = report(run_dir, console=console, plots=False)
