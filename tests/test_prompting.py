@@ -25,6 +25,14 @@ def test_a_compile_error_gets_the_hint_its_log_matches() -> None:
     assert "shadows a parameter" in text and "Hint: A local variable has the same name" in text
 
 
+
+def test_a_python_comment_in_cpp_gets_the_comment_hint() -> None:
+    log = "line 19 of the candidate (main.cpp:16): error: invalid preprocessing directive #This"
+    result = EvalResult(status=EvalStatus.COMPILE_ERROR, compile=CompileReport(ok=False, log=log, seconds=1.0))
+    text = evaluation_feedback(result, Variant.parse("G+E"))
+    assert text.count("Hint:") == 1 and "write comments with `//`" in text
+
+
 def test_wrong_arity_forward_gets_its_hint_and_other_errors_none() -> None:
     arity = "correctness: TypeError: ModelNew.forward() takes 2 positional arguments but 3 were given"
     text = evaluation_feedback(EvalResult(status=EvalStatus.RUNTIME_ERROR, message=arity), Variant.parse("G+E"))
