@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -101,7 +101,7 @@ def generate(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]
         reply=reply.text,
         tokens=reply.tokens,
         phase_seconds={"generate": time.perf_counter() - started},
-        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     log.info("node", node="generate", task=state["task"].name, turn=turn, tokens=reply.tokens.total)
     return {"turn": turn, "draft": draft, "tokens": reply.tokens}

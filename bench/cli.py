@@ -12,7 +12,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import click
 import typer
@@ -71,17 +71,17 @@ def main_options(
 
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
-RoundsOpt = Annotated[Optional[int], typer.Option("--rounds", help="beam: rounds (default 3)")]
-IdeasOpt = Annotated[Optional[int], typer.Option("--ideas", help="beam: ideas K per seed kernel and round (default 3)")]
-WidthOpt = Annotated[Optional[int], typer.Option("--beam-width", help="beam: the W best kernels seed the next round (default 2)")]
-EvalsOpt = Annotated[Optional[int], typer.Option("--budget-evals", help="at most this many candidate evaluations per task")]
-TokensOpt = Annotated[Optional[int], typer.Option("--budget-tokens", help="no model call starts past this many tokens per task")]
+RoundsOpt = Annotated[int | None, typer.Option("--rounds", help="beam: rounds (default 3)")]
+IdeasOpt = Annotated[int | None, typer.Option("--ideas", help="beam: ideas K per seed kernel and round (default 3)")]
+WidthOpt = Annotated[int | None, typer.Option("--beam-width", help="beam: the W best kernels seed the next round (default 2)")]
+EvalsOpt = Annotated[int | None, typer.Option("--budget-evals", help="at most this many candidate evaluations per task")]
+TokensOpt = Annotated[int | None, typer.Option("--budget-tokens", help="no model call starts past this many tokens per task")]
 PrecisionOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--precision", help="fp32 (default), fp16 or bf16: inputs, parameters and buffers of both models are cast to it"),
 ]
 ToleranceOpt = Annotated[
-    Optional[str], typer.Option("--tolerance", help="atol = rtol for every dtype (default: fp32 1e-4, fp16/bf16 1e-2), e.g. 1e-2")
+    str | None, typer.Option("--tolerance", help="atol = rtol for every dtype (default: fp32 1e-4, fp16/bf16 1e-2), e.g. 1e-2")
 ]
 TF32Opt = Annotated[bool, typer.Option("--allow-tf32", help="allow TF32 in fp32 matmul and convolution (off by default)")]
 
@@ -196,28 +196,28 @@ def given_flags(**values: object) -> dict[str, tuple[str, object]]:
 
 
 ConfigOpt = Annotated[
-    Optional[Path], typer.Option("--config", exists=True, dir_okay=False, help="TOML settings; flags given override them")
+    Path | None, typer.Option("--config", exists=True, dir_okay=False, help="TOML settings; flags given override them")
 ]
-ModelOpt = Annotated[Optional[str], typer.Option(help="model name; 'local' (embedded, default), 'local-0.5b' or 'scripted:FILE'")]
-BaseUrlOpt = Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint")]
-KeyEnvOpt = Annotated[Optional[str], typer.Option(help="environment variable holding the API key (default OPENAI_API_KEY)")]
-TemperatureOpt = Annotated[Optional[float], typer.Option(help="sampling temperature (default 0)")]
-MaxTokensOpt = Annotated[Optional[int], typer.Option(help="longest reply in tokens (default 4096)")]
+ModelOpt = Annotated[str | None, typer.Option(help="model name; 'local' (embedded, default), 'local-0.5b' or 'scripted:FILE'")]
+BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint")]
+KeyEnvOpt = Annotated[str | None, typer.Option(help="environment variable holding the API key (default OPENAI_API_KEY)")]
+TemperatureOpt = Annotated[float | None, typer.Option(help="sampling temperature (default 0)")]
+MaxTokensOpt = Annotated[int | None, typer.Option(help="longest reply in tokens (default 4096)")]
 RetriesOpt = Annotated[
-    Optional[int], typer.Option(min=1, help="attempts per model call on rate limits, timeouts, dropped connections and 5xx (default 6)")
+    int | None, typer.Option(min=1, help="attempts per model call on rate limits, timeouts, dropped connections and 5xx (default 6)")
 ]
-TurnsOpt = Annotated[Optional[int], typer.Option(help="turn budget (default 10)")]
-TargetOpt = Annotated[Optional[float], typer.Option(help="stop once a correct kernel is this fast (default 1.0)")]
-HardwareOpt = Annotated[Optional[bool], typer.Option("--hardware-prompt/--no-hardware-prompt", help="describe the device in the prompt (default on)")]
-BackendOpt = Annotated[Optional[str], typer.Option(help="cpp, cuda or triton; default: the device's")]
-OptDeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu (default) or cuda")]
+TurnsOpt = Annotated[int | None, typer.Option(help="turn budget (default 10)")]
+TargetOpt = Annotated[float | None, typer.Option(help="stop once a correct kernel is this fast (default 1.0)")]
+HardwareOpt = Annotated[bool | None, typer.Option("--hardware-prompt/--no-hardware-prompt", help="describe the device in the prompt (default on)")]
+BackendOpt = Annotated[str | None, typer.Option(help="cpp, cuda or triton; default: the device's")]
+OptDeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu (default) or cuda")]
 
 
 @app.command("run")
 def run_command(
     task_file: Annotated[Path, typer.Option("--task", exists=True, dir_okay=False, help="a task file of a suite")],
     config_file: ConfigOpt = None,
-    variant: Annotated[Optional[str], typer.Option(help="feedback: G, G+E, G+E+P (default; +N on CUDA with ncu)")] = None,
+    variant: Annotated[str | None, typer.Option(help="feedback: G, G+E, G+E+P (default; +N on CUDA with ncu)")] = None,
     turns: TurnsOpt = None,
     device: OptDeviceOpt = None,
     backend: BackendOpt = None,
@@ -229,10 +229,10 @@ def run_command(
     retries: RetriesOpt = None,
     target_speedup: TargetOpt = None,
     hardware_prompt: HardwareOpt = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="where traces and checkpoints go")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="where traces and checkpoints go")] = None,
     resume: Annotated[bool, typer.Option(help="continue this run directory's trajectory")] = False,
-    strategy: Annotated[Optional[str], typer.Option(help="refine (default), best-of-n or beam")] = None,
-    n: Annotated[Optional[int], typer.Option("--n", "--samples", help="best-of-n: independent trajectories (default 4)")] = None,
+    strategy: Annotated[str | None, typer.Option(help="refine (default), best-of-n or beam")] = None,
+    n: Annotated[int | None, typer.Option("--n", "--samples", help="best-of-n: independent trajectories (default 4)")] = None,
     rounds: RoundsOpt = None,
     ideas: IdeasOpt = None,
     beam_width: WidthOpt = None,
@@ -263,14 +263,14 @@ def run_command(
 @app.command("experiment")
 def experiment_command(
     config_file: ConfigOpt = None,
-    suite: Annotated[Optional[str], typer.Option(help="'builtin' or a KernelBench checkout's KernelBench/ folder")] = None,
-    levels: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. 1,2")] = None,
-    tasks: Annotated[Optional[str], typer.Option(help="task name filter (substring or glob)")] = None,
-    variants: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. G,G+E,G+E+P")] = None,
+    suite: Annotated[str | None, typer.Option(help="'builtin' or a KernelBench checkout's KernelBench/ folder")] = None,
+    levels: Annotated[str | None, typer.Option(help="comma-separated, e.g. 1,2")] = None,
+    tasks: Annotated[str | None, typer.Option(help="task name filter (substring or glob)")] = None,
+    variants: Annotated[str | None, typer.Option(help="comma-separated, e.g. G,G+E,G+E+P")] = None,
     turns: TurnsOpt = None,
-    samples: Annotated[Optional[int], typer.Option(help="independent trajectories per task, variant and strategy")] = None,
-    strategies: Annotated[Optional[str], typer.Option(help="comma-separated: refine,best-of-n,beam")] = None,
-    n: Annotated[Optional[int], typer.Option("--n", help="best-of-n: independent trajectories (default 4)")] = None,
+    samples: Annotated[int | None, typer.Option(help="independent trajectories per task, variant and strategy")] = None,
+    strategies: Annotated[str | None, typer.Option(help="comma-separated: refine,best-of-n,beam")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="best-of-n: independent trajectories (default 4)")] = None,
     rounds: RoundsOpt = None,
     ideas: IdeasOpt = None,
     beam_width: WidthOpt = None,
@@ -286,14 +286,14 @@ def experiment_command(
     retries: RetriesOpt = None,
     target_speedup: TargetOpt = None,
     hardware_prompt: HardwareOpt = None,
-    workers: Annotated[Optional[int], typer.Option(help="evaluation workers (default: per GPU / per core)")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="trajectories and LLM calls in flight")] = None,
-    executor: Annotated[Optional[str], typer.Option(help="local or ray")] = None,
-    trials: Annotated[Optional[int], typer.Option(help="timed calls of each side")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="re-running on an existing directory resumes it")] = None,
+    workers: Annotated[int | None, typer.Option(help="evaluation workers (default: per GPU / per core)")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="trajectories and LLM calls in flight")] = None,
+    executor: Annotated[str | None, typer.Option(help="local or ray")] = None,
+    trials: Annotated[int | None, typer.Option(help="timed calls of each side")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="re-running on an existing directory resumes it")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="the final table with every p, one line per row")] = False,
     precision: Annotated[
-        Optional[str], typer.Option("--precision", help="fp32 (default), fp16 or bf16; another precision may share a --run-dir")
+        str | None, typer.Option("--precision", help="fp32 (default), fp16 or bf16; another precision may share a --run-dir")
     ] = None,
     tolerance: ToleranceOpt = None,
     allow_tf32: TF32Opt = False,
@@ -319,12 +319,12 @@ def experiment_command(
 @app.command("report")
 def report_command(
     run_dir: Annotated[
-        Optional[Path], typer.Argument(exists=True, file_okay=False, help="an experiment's run directory (optional when comparing two)")
+        Path | None, typer.Argument(exists=True, file_okay=False, help="an experiment's run directory (optional when comparing two)")
     ] = None,
     plots: Annotated[bool, typer.Option(help="write PNG plots to RUN_DIR/plots")] = True,
     wide: Annotated[bool, typer.Option("--wide", help="every p and exact tokens, intervals on the same line")] = False,
     compare: Annotated[
-        Optional[tuple[str, str]],
+        tuple[str, str] | None,
         typer.Option(
             "--compare", metavar="A B",
             help="paired difference B - A per score with its 95% interval: two variants or strategies of RUN_DIR, or two run directories",
@@ -333,7 +333,8 @@ def report_command(
 ) -> None:
     """fast_p per level × variant with 95% intervals, rates, geometric-mean speedup and tokens; JSON and PNG plots too."""
     if compare is not None:
-        from bench.compare import compare as paired, render, resolve_sides
+        from bench.compare import compare as paired
+        from bench.compare import render, resolve_sides
 
         a, b, key, paired_on = resolve_sides(run_dir, *compare)
         render(paired(a, b, key, paired_on), console, wide=wide)
@@ -361,8 +362,8 @@ def _ints(text: str | None) -> list[int] | None:
 @app.command("serve-local")
 def serve_local_command(
     model: Annotated[str, typer.Option(help="local or local-0.5b")] = "local",
-    port: Annotated[Optional[int], typer.Option(help="port on 127.0.0.1; default: a free one")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads for the model")] = None,
+    port: Annotated[int | None, typer.Option(help="port on 127.0.0.1; default: a free one")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for the model")] = None,
 ) -> None:
     """Run the embedded model's OpenAI-compatible server in the foreground, for reuse across runs."""
     from agent.local_model import serve_local

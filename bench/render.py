@@ -14,8 +14,8 @@ from traces.verdict import Verdict
 
 if TYPE_CHECKING:
     from agent.runner import TrajectoryResult
-    from agent.strategies import StrategyResult
     from agent.state import Attempt
+    from agent.strategies import StrategyResult
 
 __all__ = ["print_result", "print_trajectory_end", "speedup_text", "turn_line"]
 

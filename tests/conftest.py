@@ -8,10 +8,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from candidates import task_source  # noqa: E402
+from candidates import task_source
 
-from tools.config import EvalConfig  # noqa: E402
-from tools.jobs import TaskProgram  # noqa: E402
+from tools.config import EvalConfig
+from tools.jobs import TaskProgram
 
 
 @pytest.fixture(scope="session")

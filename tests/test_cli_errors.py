@@ -92,7 +92,7 @@ def test_missing_scripted_model_file(tmp_path: Path) -> None:
 
 
 def test_missing_api_key() -> None:
-    env = {k: "" for k in ("OPENAI_API_KEY",)}
+    env = dict.fromkeys(("OPENAI_API_KEY",), "")
     result = refinery("run", "--task", RELU, "--model", "gpt-4o", "--api-key-env", "REFINERY_TEST_NO_SUCH_KEY", env=env)
     assert_user_error(result, "no API key", "REFINERY_TEST_NO_SUCH_KEY", "--base-url")
 

@@ -8,9 +8,9 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import hacks
 import pytest
 import torch
-import hacks
 from candidates import FIXTURES, cuda_candidate
 
 from bench.tasks import builtin_suite_root, load_suite

@@ -9,9 +9,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import hacks
 import pytest
 import torch
-import hacks
 from candidates import candidate, task_source
 
 from tools.config import EvalConfig, Guards

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from bench.compare import compare
-from bench.compare import Side
+from bench.compare import Side, compare
 from bench.experiment import TrajectoryRecord, TurnOutcome
 from bench.report import score
 from traces.stats import Estimate, geomean_estimate, mean_interval, paired_difference, paired_ratio, rate_estimate

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.rule import Rule
 
 from traces.errors import ConfigError, RunDirError, UserError
-from traces.terminal import print_table
 from traces.inspect import (
     SortKey,
     Trajectory,
@@ -28,6 +27,7 @@ from traces.inspect import (
     turn_view,
     variants_of,
 )
+from traces.terminal import print_table
 from traces.verdict import Verdict
 
 STATUSES = ", ".join(Verdict)
@@ -36,8 +36,8 @@ traces_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Inspe
 
 RunDirArg = Annotated[Path, typer.Argument(help="a run directory (its traces/ folder is read)")]
 TaskArg = Annotated[str, typer.Argument(help='task key ("level1/relu_task") or its bare name when unambiguous')]
-VariantOpt = Annotated[Optional[str], typer.Option("--variant", help="feedback variant, e.g. G+E+P")]
-PrecisionOpt = Annotated[Optional[str], typer.Option("--precision", help="fp32, fp16 or bf16, where the run holds several")]
+VariantOpt = Annotated[str | None, typer.Option("--variant", help="feedback variant, e.g. G+E+P")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="fp32, fp16 or bf16, where the run holds several")]
 
 
 def _console() -> Console:
@@ -61,7 +61,7 @@ def _load(run_dir: Path) -> list[Trajectory]:
 @traces_app.command("list")
 def list_command(
     run_dir: RunDirArg,
-    status: Annotated[Optional[str], typer.Option(help=f"only trajectories whose best attempt has this status ({STATUSES})")] = None,
+    status: Annotated[str | None, typer.Option(help=f"only trajectories whose best attempt has this status ({STATUSES})")] = None,
     sort: Annotated[SortKey, typer.Option(help="speedup, turns and tokens sort largest first")] = SortKey.TASK,
     variant: VariantOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="also the best speedup's 95% interval and prompt/completion tokens")] = False,
@@ -87,9 +87,9 @@ def show_command(
     run_dir: RunDirArg,
     task: TaskArg,
     variant: VariantOpt = None,
-    sample: Annotated[Optional[int], typer.Option(help="sample index")] = None,
+    sample: Annotated[int | None, typer.Option(help="sample index")] = None,
     precision: PrecisionOpt = None,
-    turn: Annotated[Optional[int], typer.Option(help="only this turn")] = None,
+    turn: Annotated[int | None, typer.Option(help="only this turn")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="print the JSON records, one per line")] = False,
     prompt: Annotated[bool, typer.Option("--prompt", help="also print each turn's whole prompt")] = False,
 ) -> None:
@@ -114,7 +114,7 @@ def diff_command(
     task: TaskArg,
     turns: Annotated[tuple[int, int], typer.Option("--turns", help="the two turns to compare, e.g. --turns 3 4")],
     variant: VariantOpt = None,
-    sample: Annotated[Optional[int], typer.Option(help="sample index")] = None,
+    sample: Annotated[int | None, typer.Option(help="sample index")] = None,
     precision: PrecisionOpt = None,
 ) -> None:
     """The code diff between two turns, and how the verdict and the speedup changed."""
@@ -129,7 +129,7 @@ def diff_command(
 @traces_app.command("html")
 def html_command(
     run_dir: RunDirArg,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="the HTML file; default RUN_DIR/report.html")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="the HTML file; default RUN_DIR/report.html")] = None,
 ) -> None:
     """One self-contained HTML report: the run overview and every trajectory's turns."""
     from traces.html import render_report

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -383,7 +383,7 @@ def build_report(trajectories: Sequence[Trajectory], title: str) -> ReportView:
     views = tuple(trajectory_view(s) for s in summaries)
     return ReportView(
         title=title,
-        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         models=tuple(sorted({r.model for t in trajectories for r in t.records})),
         variants=variants,
         grid=overview_grid(summaries, variants),

@@ -159,7 +159,7 @@ def serve(replies: Replies, log: ServerLog, plan: FaultPlan | None = None) -> It
                 return "I cannot help with that."
             return by_turn[min(turn, len(by_turn)) - 1]
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             prompt = prompt_of(body)
             key = hashlib.sha256(prompt.encode()).hexdigest()
