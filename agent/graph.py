@@ -20,7 +20,12 @@ from agent.nodes import AgentContext, compile_candidate, decide, execute, extrac
 from agent.state import Outcome, RefineInput, RefineState, TurnInput, TurnOutput, TurnState
 
 TURN_NODES = {
-    "generate": generate, "extract": extract, "compile": compile_candidate, "execute": execute, "profile": profile, "record": record,
+    "generate": generate,
+    "extract": extract,
+    "compile": compile_candidate,
+    "execute": execute,
+    "profile": profile,
+    "record": record,
 }
 
 # Where each node's outcome leads: the whole routing of both graphs.

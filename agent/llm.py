@@ -64,7 +64,8 @@ class ModelUnreachable(ModelCallError):
         said = next((text for cls, text in what.items() if isinstance(error, cls)), f"failed ({type(error).__name__})")
         detail = getattr(error, "message", None) or str(error)
         advice = (
-            "wait and retry, or lower --concurrency" if isinstance(error, openai.RateLimitError)
+            "wait and retry, or lower --concurrency"
+            if isinstance(error, openai.RateLimitError)
             else "check --base-url and that the server is running and reachable from here"
         )
         retries = attempts - 1
@@ -140,7 +141,9 @@ def _retry_after_wait(fallback: wait_exponential_jitter):
     return wait
 
 
-def call_model(model: BaseChatModel, messages: Sequence[BaseMessage], settings: ModelSettings, config: RunnableConfig | None = None) -> ChatReply:
+def call_model(
+    model: BaseChatModel, messages: Sequence[BaseMessage], settings: ModelSettings, config: RunnableConfig | None = None
+) -> ChatReply:
     retrying = Retrying(
         retry=retry_if_exception_type(RETRYABLE),
         stop=stop_after_attempt(max(1, settings.retries)),
@@ -165,7 +168,9 @@ def call_model(model: BaseChatModel, messages: Sequence[BaseMessage], settings: 
     assert isinstance(message, AIMessage)
     usage = message.usage_metadata or {}
     tokens = TokenUsage(prompt=int(usage.get("input_tokens", 0)), completion=int(usage.get("output_tokens", 0)))
-    text = message.content if isinstance(message.content, str) else "".join(
-        part.get("text", "") if isinstance(part, dict) else str(part) for part in message.content
+    text = (
+        message.content
+        if isinstance(message.content, str)
+        else "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in message.content)
     )
     return ChatReply(text=text, tokens=tokens, retries=retrying.statistics.get("attempt_number", 1) - 1)

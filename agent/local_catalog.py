@@ -48,9 +48,7 @@ def reinstall_parts(parts: list[ModelPart]) -> str:
     return "pip install --force-reinstall --no-cache-dir " + " ".join(p.pin for p in parts)
 
 
-def _parts(
-    distribution: str, package: str, version: str, chunks: tuple[tuple[int, str], ...]
-) -> tuple[ModelPart, ...]:
+def _parts(distribution: str, package: str, version: str, chunks: tuple[tuple[int, str], ...]) -> tuple[ModelPart, ...]:
     """Parts `{distribution}1..N`; part i ships its chunk as `{package}{i}/data/partNN.bin`."""
     return tuple(
         ModelPart(f"{distribution}{i}", version, f"{package}{i}/data/part{i:02}.bin", size, sha256)

@@ -21,9 +21,7 @@ class LocalChatOpenAI(ChatOpenAI):
     - An assistant message with `content: null` (langchain sends one with tool calls) is an HTTP 500.
     """
 
-    def _get_request_payload(
-        self, input_: LanguageModelInput, *, stop: list[str] | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
+    def _get_request_payload(self, input_: LanguageModelInput, *, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
         payload: dict[str, Any] = super()._get_request_payload(input_, stop=stop, **kwargs)
         if "max_completion_tokens" in payload:
             payload["max_tokens"] = payload.pop("max_completion_tokens")

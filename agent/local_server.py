@@ -134,9 +134,7 @@ class LocalServer:
             self._log_start = log_file.tell()
             log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             log_file.flush()
-            self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         log.info("local_server_start", model=self.name, pid=self._proc.pid, port=self.port, threads=self.threads)
         try:
             self._wait_ready()
@@ -155,10 +153,14 @@ class LocalServer:
             return
         cause = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"code {code}"
         log.error(
-            "local_server_died", model=self.name, pid=proc.pid, cause=cause, log=str(self.log_path),
+            "local_server_died",
+            model=self.name,
+            pid=proc.pid,
+            cause=cause,
+            log=str(self.log_path),
             hint="every model call now fails with a connection error; see the log's end. A SIGSEGV or SIGILL in "
             "llama.cpp usually means AMX kernels (llama.cpp issue 20824) or a build for another CPU: rebuild with "
-            "CMAKE_ARGS='-DCMAKE_C_FLAGS=\"-mno-amx-tile -mno-amx-int8\" -DCMAKE_CXX_FLAGS=\"-mno-amx-tile -mno-amx-int8\"' "
+            'CMAKE_ARGS=\'-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8"\' '
             "pip install --no-cache-dir --force-reinstall llama-cpp-python",
             tail=_tail(self.log_path, self._log_start, limit=600),
         )
@@ -213,9 +215,7 @@ class LocalServer:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
 
@@ -241,6 +241,5 @@ def serve_local(name: str, port: int | None, threads: int | None) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     raise LocalServerError(
-        f"the llama.cpp server exited by itself with code {code}. "
-        f"Log {server.log_path}:\n{_tail(server.log_path, server._log_start)}"
+        f"the llama.cpp server exited by itself with code {code}. Log {server.log_path}:\n{_tail(server.log_path, server._log_start)}"
     )

@@ -159,13 +159,27 @@ def record(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     if carried is not None:
         draft = draft.model_copy(update={"tokens": draft.tokens + carried})
     place = state.get("place")
-    append_turn(ctx.run_dir, TurnRecord(
-        run_id=ctx.run_id, trajectory=ctx.trajectory, level=state["task"].level, turn=draft.turn,
-        model=ctx.config.llm.model, messages=draft.messages, reply=draft.reply, code=draft.code,
-        extract_error=draft.extract_error, result=draft.result, phase_seconds=draft.phase_seconds,
-        tokens=draft.tokens, started_at=draft.started_at, node_id=place.node_id if place else None,
-        parent_id=place.parent_id if place else None, idea=state.get("idea"),
-    ))
+    append_turn(
+        ctx.run_dir,
+        TurnRecord(
+            run_id=ctx.run_id,
+            trajectory=ctx.trajectory,
+            level=state["task"].level,
+            turn=draft.turn,
+            model=ctx.config.llm.model,
+            messages=draft.messages,
+            reply=draft.reply,
+            code=draft.code,
+            extract_error=draft.extract_error,
+            result=draft.result,
+            phase_seconds=draft.phase_seconds,
+            tokens=draft.tokens,
+            started_at=draft.started_at,
+            node_id=place.node_id if place else None,
+            parent_id=place.parent_id if place else None,
+            idea=state.get("idea"),
+        ),
+    )
     if ctx.on_turn is not None:
         ctx.on_turn(draft)
     log.info("node", node="record", task=state["task"].name, turn=draft.turn, status=draft.verdict.value)

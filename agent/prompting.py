@@ -81,8 +81,11 @@ def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
         return prompts.render("feedback/compile_error.j2", log=log.strip(), hints=prompts.hints_for(log))
     if status in _RUN_FAILURES:
         return prompts.render(
-            "feedback/runtime_error.j2", status=status.value, message=result.message.strip(),
-            printed=result.worker_log.strip()[-1500:], hints=prompts.hints_for(result.message),
+            "feedback/runtime_error.j2",
+            status=status.value,
+            message=result.message.strip(),
+            printed=result.worker_log.strip()[-1500:],
+            hints=prompts.hints_for(result.message),
         )
     if status is EvalStatus.INCORRECT:
         summary = result.correctness.summary() if result.correctness is not None else result.message
@@ -198,14 +201,25 @@ class PromptFrame:
     @classmethod
     def of(cls, config: RunConfig, hardware: str | None) -> PromptFrame:
         return cls(
-            backend=config.eval.kernel_backend, variant=config.loop.parsed_variant, precision=config.eval.precision,
-            tolerance=config.eval.precision_tolerance.rtol, hardware=hardware if config.loop.hardware_prompt else None,
+            backend=config.eval.kernel_backend,
+            variant=config.loop.parsed_variant,
+            precision=config.eval.precision,
+            tolerance=config.eval.precision_tolerance.rtol,
+            hardware=hardware if config.loop.hardware_prompt else None,
         )
 
     def turn(self, task: TaskSpec, turn: int, turns: int, previous: Attempt | None, idea: str | None = None) -> list[BaseMessage]:
         return build_messages(
-            task=task, backend=self.backend, variant=self.variant, turn=turn, turns=turns, previous=previous,
-            hardware=self.hardware, tolerance=self.tolerance, idea=idea, precision=self.precision,
+            task=task,
+            backend=self.backend,
+            variant=self.variant,
+            turn=turn,
+            turns=turns,
+            previous=previous,
+            hardware=self.hardware,
+            tolerance=self.tolerance,
+            idea=idea,
+            precision=self.precision,
         )
 
     def ideas(self, task: TaskSpec, parent: Attempt | None, tried: list[str], count: int) -> list[BaseMessage]:

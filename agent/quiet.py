@@ -40,7 +40,9 @@ class QuietHost:
         if not needs_quiet_host(llm, eval):
             return cls(enabled=False)
         log.info(
-            "quiet_host", model=llm.model, device=eval.device,
+            "quiet_host",
+            model=llm.model,
+            device=eval.device,
             detail="the embedded model shares this CPU with the evaluator: LLM calls and evaluations take turns, never overlap",
         )
         return cls()

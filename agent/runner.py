@@ -138,8 +138,16 @@ def run_trajectory(
         graph = build_graph(checkpointer=saver)
         thread: RunnableConfig = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 4 * config.loop.turns + 20}
         ctx = AgentContext(
-            config=config, model=model, evaluator=evaluator, run_dir=Path(run_dir), run_id=run_id,
-            trajectory=trajectory, hardware=hardware, on_turn=on_turn, budget=budget, host=host or QuietHost(enabled=False),
+            config=config,
+            model=model,
+            evaluator=evaluator,
+            run_dir=Path(run_dir),
+            run_id=run_id,
+            trajectory=trajectory,
+            hardware=hardware,
+            on_turn=on_turn,
+            budget=budget,
+            host=host or QuietHost(enabled=False),
         )
         snapshot = graph.get_state(thread, subgraphs=True)
         started = bool(snapshot.values)
@@ -150,8 +158,11 @@ def run_trajectory(
             )
         if started and _unfinished_older_layout(saver, graph, thread):
             # The turn in flight cannot be found again in today's graph, so the trajectory starts over.
-            log.warning("checkpoint_restart", trajectory=trajectory.slug,
-                        reason="an unfinished checkpoint of an older version of the loop; the trajectory starts again")
+            log.warning(
+                "checkpoint_restart",
+                trajectory=trajectory.slug,
+                reason="an unfinished checkpoint of an older version of the loop; the trajectory starts again",
+            )
             saver.delete_thread(trajectory.slug)
             trace_path(run_dir, trajectory).unlink(missing_ok=True)
             started = False

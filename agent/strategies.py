@@ -89,14 +89,29 @@ def run_strategy(run: StrategyRun, budget: Budget | None = None) -> StrategyResu
         share = budget.share(samples - index) if samples > 1 else budget
         sample = trajectory.model_copy(update={"sample": trajectory.sample * samples + index}) if samples > 1 else trajectory
         result: TrajectoryResult = run_trajectory(
-            run.task, run.config, run.model, run.evaluator, run.run_dir, sample, run_id=run.run_id,
-            hardware=run.hardware, resume=run.resume, on_turn=run.on_turn, budget=share, host=run.host,
+            run.task,
+            run.config,
+            run.model,
+            run.evaluator,
+            run.run_dir,
+            sample,
+            run_id=run.run_id,
+            hardware=run.hardware,
+            resume=run.resume,
+            on_turn=run.on_turn,
+            budget=share,
+            host=run.host,
         )
         attempts.extend(result.attempts)
         tokens = tokens + result.tokens
         traces.append(result.trace)
-    return StrategyResult(strategy=run.config.strategy, trajectory=trajectory, attempts=tuple(attempts), tokens=tokens,
-                          traces=tuple(traces) or (trace_path(run.run_dir, trajectory),))
+    return StrategyResult(
+        strategy=run.config.strategy,
+        trajectory=trajectory,
+        attempts=tuple(attempts),
+        tokens=tokens,
+        traces=tuple(traces) or (trace_path(run.run_dir, trajectory),),
+    )
 
 
 _LIST_ITEM = re.compile(r"^\s*(?:\d+[.):]|[-*•])\s+(.+?)\s*$")
@@ -142,8 +157,16 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
     search = run.config.search
     config = run.config.model_copy(update={"loop": run.config.loop.model_copy(update={"turns": search.rounds})})
     ctx = AgentContext(
-        config=config, model=run.model, evaluator=run.evaluator, run_dir=run.run_dir, run_id=run.run_id,
-        trajectory=run.trajectory, hardware=run.hardware, on_turn=run.on_turn, budget=budget, host=run.host,
+        config=config,
+        model=run.model,
+        evaluator=run.evaluator,
+        run_dir=run.run_dir,
+        run_id=run.run_id,
+        trajectory=run.trajectory,
+        hardware=run.hardware,
+        on_turn=run.on_turn,
+        budget=budget,
+        host=run.host,
     )
     path = trace_path(run.run_dir, run.trajectory)
     # Beam search keeps no checkpoint: an unfinished one starts again, so its old records go.
@@ -174,8 +197,12 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
                     break
                 place = TreePlace(node_id=f"r{round_no}-{index:02d}", parent_id=parent_id)
                 child: TurnInput = {
-                    "task": run.task, "turn": round_no - 1, "attempts": [seed.attempt] if seed else [], "idea": idea,
-                    "place": place, "carried": carried,
+                    "task": run.task,
+                    "turn": round_no - 1,
+                    "attempts": [seed.attempt] if seed else [],
+                    "idea": idea,
+                    "place": place,
+                    "carried": carried,
                 }
                 out = TURN.invoke(child, context=ctx)
                 tokens = tokens + out["tokens"]
@@ -186,4 +213,6 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
             break
         seeds = list(select_seeds(nodes, search.beam_width)) or [None]
         log.info("beam_round", task=run.task.name, round=round_no, seeds=[s.node_id for s in seeds if s is not None])
-    return StrategyResult(strategy="beam", trajectory=run.trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,))
+    return StrategyResult(
+        strategy="beam", trajectory=run.trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,)
+    )

@@ -54,9 +54,7 @@ class RefineryGroup(TyperGroup):
             raise typer.Exit(2) from None
 
 
-app = typer.Typer(
-    cls=RefineryGroup, no_args_is_help=True, add_completion=False, help="LLM kernel refinement with an honest evaluator."
-)
+app = typer.Typer(cls=RefineryGroup, no_args_is_help=True, add_completion=False, help="LLM kernel refinement with an honest evaluator.")
 console = Console()
 app.add_typer(traces_app, name="traces")
 
@@ -91,7 +89,9 @@ def precision_settings(precision: str | None = None, tolerance: str | None = Non
     out: dict[str, object] = {}
     if precision is not None:
         if precision not in PRECISION_DTYPES:
-            raise ConfigError(f"--precision must be {', '.join(list(PRECISION_DTYPES)[:-1])} or {list(PRECISION_DTYPES)[-1]}, not {precision!r}")
+            raise ConfigError(
+                f"--precision must be {', '.join(list(PRECISION_DTYPES)[:-1])} or {list(PRECISION_DTYPES)[-1]}, not {precision!r}"
+            )
         out["precision"] = precision
     if tolerance is not None:
         try:
@@ -138,7 +138,9 @@ def check_model(model: str) -> None:
     try:
         load_script(path)
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
-        raise InputFileError(f"--model {model}: {path} is not a reply script ({exc}); give a JSON list of replies or a folder of reply files") from exc
+        raise InputFileError(
+            f"--model {model}: {path} is not a reply script ({exc}); give a JSON list of replies or a folder of reply files"
+        ) from exc
 
 
 @app.command("eval")
@@ -178,13 +180,28 @@ def eval_command(
 
 
 FLAG_KEYS = {
-    "model": "llm.model", "base_url": "llm.base_url", "api_key_env": "llm.api_key_env", "temperature": "llm.temperature",
-    "max_tokens": "llm.max_tokens", "retries": "llm.retries",
-    "variant": "loop.variant", "turns": "loop.turns", "target_speedup": "loop.target_speedup", "hardware_prompt": "loop.hardware_prompt",
-    "device": "eval.device", "backend": "eval.backend", "trials": "eval.trials",
-    "precision": "eval.precision", "tolerance": "eval.tolerance", "allow_tf32": "eval.allow_tf32",
-    "n": "search.n", "rounds": "search.rounds", "ideas": "search.ideas", "beam_width": "search.beam_width",
-    "budget_evals": "search.budget_evals", "budget_tokens": "search.budget_tokens",
+    "model": "llm.model",
+    "base_url": "llm.base_url",
+    "api_key_env": "llm.api_key_env",
+    "temperature": "llm.temperature",
+    "max_tokens": "llm.max_tokens",
+    "retries": "llm.retries",
+    "variant": "loop.variant",
+    "turns": "loop.turns",
+    "target_speedup": "loop.target_speedup",
+    "hardware_prompt": "loop.hardware_prompt",
+    "device": "eval.device",
+    "backend": "eval.backend",
+    "trials": "eval.trials",
+    "precision": "eval.precision",
+    "tolerance": "eval.tolerance",
+    "allow_tf32": "eval.allow_tf32",
+    "n": "search.n",
+    "rounds": "search.rounds",
+    "ideas": "search.ideas",
+    "beam_width": "search.beam_width",
+    "budget_evals": "search.budget_evals",
+    "budget_tokens": "search.budget_tokens",
 }
 """The config key each flag of `run` and `experiment` sets; any other flag sets the key of its own
 name (--strategy, --suite, --workers, ...)."""
@@ -195,9 +212,7 @@ def given_flags(**values: object) -> dict[str, tuple[str, object]]:
     return {FLAG_KEYS.get(name, name): ("--" + name.replace("_", "-"), value) for name, value in values.items() if value is not None}
 
 
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", exists=True, dir_okay=False, help="TOML settings; flags given override them")
-]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", exists=True, dir_okay=False, help="TOML settings; flags given override them")]
 ModelOpt = Annotated[str | None, typer.Option(help="model name; 'local' (embedded, default), 'local-0.5b' or 'scripted:FILE'")]
 BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint")]
 KeyEnvOpt = Annotated[str | None, typer.Option(help="environment variable holding the API key (default OPENAI_API_KEY)")]
@@ -208,7 +223,9 @@ RetriesOpt = Annotated[
 ]
 TurnsOpt = Annotated[int | None, typer.Option(help="turn budget (default 10)")]
 TargetOpt = Annotated[float | None, typer.Option(help="stop once a correct kernel is this fast (default 1.0)")]
-HardwareOpt = Annotated[bool | None, typer.Option("--hardware-prompt/--no-hardware-prompt", help="describe the device in the prompt (default on)")]
+HardwareOpt = Annotated[
+    bool | None, typer.Option("--hardware-prompt/--no-hardware-prompt", help="describe the device in the prompt (default on)")
+]
 BackendOpt = Annotated[str | None, typer.Option(help="cpp, cuda or triton; default: the device's")]
 OptDeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu (default) or cuda")]
 
@@ -248,10 +265,26 @@ def run_command(
 
     configure_logging()
     flags = given_flags(
-        variant=variant, turns=turns, device=device, backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,
-        temperature=temperature, max_tokens=max_tokens, retries=retries, target_speedup=target_speedup,
-        hardware_prompt=hardware_prompt, strategy=strategy, n=n, rounds=rounds, ideas=ideas, beam_width=beam_width,
-        budget_evals=budget_evals, budget_tokens=budget_tokens, **precision_settings(precision, tolerance, allow_tf32),
+        variant=variant,
+        turns=turns,
+        device=device,
+        backend=backend,
+        model=model,
+        base_url=base_url,
+        api_key_env=api_key_env,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        retries=retries,
+        target_speedup=target_speedup,
+        hardware_prompt=hardware_prompt,
+        strategy=strategy,
+        n=n,
+        rounds=rounds,
+        ideas=ideas,
+        beam_width=beam_width,
+        budget_evals=budget_evals,
+        budget_tokens=budget_tokens,
+        **precision_settings(precision, tolerance, allow_tf32),
     )
     task = load_task_file(task_file, level=_level_of(task_file))
     config, file_run_dir = load_settings(RunConfig, config_file, flags)
@@ -304,11 +337,33 @@ def experiment_command(
 
     configure_logging(quiet=True)
     flags = given_flags(
-        suite=suite, levels=_ints(levels), tasks=tasks, variants=_list(variants), turns=turns, samples=samples,
-        strategies=_list(strategies), n=n, rounds=rounds, ideas=ideas, beam_width=beam_width, budget_evals=budget_evals,
-        budget_tokens=budget_tokens, device=device, backend=backend, model=model, base_url=base_url, api_key_env=api_key_env,
-        temperature=temperature, max_tokens=max_tokens, retries=retries, target_speedup=target_speedup,
-        hardware_prompt=hardware_prompt, workers=workers, concurrency=concurrency, executor=executor, trials=trials,
+        suite=suite,
+        levels=_ints(levels),
+        tasks=tasks,
+        variants=_list(variants),
+        turns=turns,
+        samples=samples,
+        strategies=_list(strategies),
+        n=n,
+        rounds=rounds,
+        ideas=ideas,
+        beam_width=beam_width,
+        budget_evals=budget_evals,
+        budget_tokens=budget_tokens,
+        device=device,
+        backend=backend,
+        model=model,
+        base_url=base_url,
+        api_key_env=api_key_env,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        retries=retries,
+        target_speedup=target_speedup,
+        hardware_prompt=hardware_prompt,
+        workers=workers,
+        concurrency=concurrency,
+        executor=executor,
+        trials=trials,
         **precision_settings(precision, tolerance, allow_tf32),
     )
     config, file_run_dir = load_settings(ExperimentConfig, config_file, flags)
@@ -326,7 +381,8 @@ def report_command(
     compare: Annotated[
         tuple[str, str] | None,
         typer.Option(
-            "--compare", metavar="A B",
+            "--compare",
+            metavar="A B",
             help="paired difference B - A per score with its 95% interval: two variants or strategies of RUN_DIR, or two run directories",
         ),
     ] = None,

@@ -108,24 +108,28 @@ def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Cal
         return (
             Side(label=va, records=[r for r in records if r.variant == va]),  # type: ignore[arg-type]  # va is in variants
             Side(label=vb, records=[r for r in records if r.variant == vb]),  # type: ignore[arg-type]  # vb is in variants
-            lambda r: (r.task, r.strategy, r.precision), ("task, strategy" + and_precision) if and_precision else "task and strategy",
+            lambda r: (r.task, r.strategy, r.precision),
+            ("task, strategy" + and_precision) if and_precision else "task and strategy",
         )
     if a in strategies and b in strategies:
         return (
             Side(label=a, records=[r for r in records if r.strategy == a]),
             Side(label=b, records=[r for r in records if r.strategy == b]),
-            lambda r: (r.task, r.variant, r.precision), ("task, variant" + and_precision) if and_precision else "task and variant",
+            lambda r: (r.task, r.variant, r.precision),
+            ("task, variant" + and_precision) if and_precision else "task and variant",
         )
     if a in precisions and b in precisions:
         return (
             Side(label=a, records=[r for r in records if r.precision == a]),
             Side(label=b, records=[r for r in records if r.precision == b]),
-            lambda r: (r.task, r.variant, r.strategy), "task, variant and strategy",
+            lambda r: (r.task, r.variant, r.strategy),
+            "task, variant and strategy",
         )
     unknown = next((x for x in (a, b) if _variant(x) not in variants and x not in strategies and x not in precisions), a)
     raise ConfigError(
         f"--compare {a} {b}: {unknown!r} is neither a variant ({', '.join(variants)}) nor a strategy "
-        f"({', '.join(strategies)})" + (f" nor a precision ({', '.join(precisions)})" if and_precision else "")
+        f"({', '.join(strategies)})"
+        + (f" nor a precision ({', '.join(precisions)})" if and_precision else "")
         + f" of {run_dir}, nor a run directory; both sides must be of one kind"
     )
 
@@ -168,8 +172,12 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
         ys = [mean([_share(side_b[k], hit) for k in by_task[t]]) for t in tasks]
         metrics.append(
             MetricDifference(
-                metric=name, kind="rate", a=mean_interval(xs).value, b=mean_interval(ys).value,
-                difference=paired_difference(xs, ys), tasks=len(tasks),
+                metric=name,
+                kind="rate",
+                a=mean_interval(xs).value,
+                b=mean_interval(ys).value,
+                difference=paired_difference(xs, ys),
+                tasks=len(tasks),
             )
         )
 
@@ -185,15 +193,23 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
             ys.append(math.exp(mean([math.log(y) for _, y in both])))
     metrics.append(
         MetricDifference(
-            metric="geomean", kind="ratio",
+            metric="geomean",
+            kind="ratio",
             a=math.exp(mean([math.log(x) for x in xs])) if xs else None,
             b=math.exp(mean([math.log(y) for y in ys])) if ys else None,
-            difference=paired_ratio(xs, ys), tasks=len(xs),
+            difference=paired_ratio(xs, ys),
+            tasks=len(xs),
         )
     )
     return Comparison(
-        a=a.label, b=b.label, paired_on=paired_on, pairs=len(pairs), tasks=len(tasks),
-        only_a=len(set(side_a) - set(side_b)), only_b=len(set(side_b) - set(side_a)), metrics=metrics,
+        a=a.label,
+        b=b.label,
+        paired_on=paired_on,
+        pairs=len(pairs),
+        tasks=len(tasks),
+        only_a=len(set(side_a) - set(side_b)),
+        only_b=len(set(side_b) - set(side_a)),
+        metrics=metrics,
     )
 
 

@@ -71,7 +71,7 @@ class ExperimentConfig(BaseModel):
         loop = data.get("loop")
         given = loop.model_fields_set if isinstance(loop, LoopSettings) else set(loop or ())
         if "variant" in given:
-            raise ValueError("loop.variant: an experiment lists its feedback variants in `variants` (e.g. variants = [\"G+E\"])")
+            raise ValueError('loop.variant: an experiment lists its feedback variants in `variants` (e.g. variants = ["G+E"])')
         return data
 
     @field_validator("variants")
@@ -198,11 +198,22 @@ def record_of(
     best = result.best
     best_status = best_verdict(t.status for t in per_turn)
     return TrajectoryRecord(
-        task=task.key, level=task.level, variant=variant, sample=sample, best_status=best_status,
-        best_speedup=best.speedup if best else None, best_turn=best.turn if best else None,
-        turns=result.turns, compiled=best_status.compiled, tokens=result.tokens.total, per_turn=per_turn,
-        strategy=strategy, evals=result.evals, precision=numerics.precision,
-        tolerance=numerics.precision_tolerance.atol, allow_tf32=numerics.allow_tf32,
+        task=task.key,
+        level=task.level,
+        variant=variant,
+        sample=sample,
+        best_status=best_status,
+        best_speedup=best.speedup if best else None,
+        best_turn=best.turn if best else None,
+        turns=result.turns,
+        compiled=best_status.compiled,
+        tokens=result.tokens.total,
+        per_turn=per_turn,
+        strategy=strategy,
+        evals=result.evals,
+        precision=numerics.precision,
+        tolerance=numerics.precision_tolerance.atol,
+        allow_tf32=numerics.allow_tf32,
     )
 
 
@@ -279,7 +290,10 @@ def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
         )
     return [
         (t, str(Variant.parse(v)), s, strategy)
-        for t in tasks for v in config.variants for strategy in config.strategies for s in range(config.samples)
+        for t in tasks
+        for v in config.variants
+        for strategy in config.strategies
+        for s in range(config.samples)
     ]
 
 
@@ -408,8 +422,16 @@ def run_experiment(
         trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy, precision=precision)
         spec = TaskSpec(name=task.name, source=task.source_for(eval_config.device), level=task.level)
         run = StrategyRun(
-            task=spec, config=config.run_config(variant, strategy), model=model_factory(), evaluator=evaluator,
-            run_dir=run_dir, trajectory=trajectory, run_id=run_id, hardware=hardware, resume=True, host=host,
+            task=spec,
+            config=config.run_config(variant, strategy),
+            model=model_factory(),
+            evaluator=evaluator,
+            run_dir=run_dir,
+            trajectory=trajectory,
+            run_id=run_id,
+            hardware=hardware,
+            resume=True,
+            host=host,
         )
         record = record_of(task, variant, sample, run_strategy(run), strategy, eval_config)
         writer.append(record)

@@ -68,9 +68,16 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
     with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
         result = run_strategy(
             StrategyRun(
-                task=TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level), config=config,
-                model=chat, evaluator=evaluator, run_dir=run_dir, trajectory=trajectory, run_id=run_dir.name,
-                hardware=describe(config.eval.device).block(), resume=resume, on_turn=on_turn,
+                task=TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level),
+                config=config,
+                model=chat,
+                evaluator=evaluator,
+                run_dir=run_dir,
+                trajectory=trajectory,
+                run_id=run_dir.name,
+                hardware=describe(config.eval.device).block(),
+                resume=resume,
+                on_turn=on_turn,
                 host=QuietHost.for_settings(config.llm, config.eval),
             )
         )
@@ -90,10 +97,17 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
         f"{', TF32 allowed' if numerics.allow_tf32 else ''}) · model {config.llm.model}{quiet}",
         highlight=False,
     )
-    counts = {"done": len(done), "correct": sum(map(is_correct, done)), "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1)}
+    counts = {
+        "done": len(done),
+        "correct": sum(map(is_correct, done)),
+        "fast1": sum(1 for r in done if is_correct(r) and (r.best_speedup or 0) > 1),
+    }
     columns = (
-        TextColumn("[progress.description]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-        TextColumn("correct {task.fields[correct]} · fast_1 {task.fields[fast1]}"), TimeElapsedColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(bar_width=20),
+        MofNCompleteColumn(),
+        TextColumn("correct {task.fields[correct]} · fast_1 {task.fields[fast1]}"),
+        TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress, open_chat_model(config.llm) as chat:
         bar = progress.add_task("trajectories", total=total, completed=counts["done"], correct=counts["correct"], fast1=counts["fast1"])
@@ -109,8 +123,10 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
                 progress.console.print(
                     f"{counts['done']}/{total} {record.task} {record.variant} sample {record.sample}"
                     + ("" if record.strategy == "refine" else f" {record.strategy}")
-                    + ("" if record.precision == "fp32" else f" {record.precision}") + f": {record.best_status}{speed}",
-                    highlight=False, markup=False,
+                    + ("" if record.precision == "fp32" else f" {record.precision}")
+                    + f": {record.best_status}{speed}",
+                    highlight=False,
+                    markup=False,
                 )
 
         pool = make_pool(config)

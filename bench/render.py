@@ -71,8 +71,10 @@ def turn_line(attempt: Attempt, turns: int) -> Text:
         detail = attempt.extract_error
     seconds = sum(attempt.phase_seconds.values())
     return Text.assemble(
-        f"  turn {attempt.turn}/{turns}  ", (f"{verdict.value:<13}", verdict.style),
-        (f" {seconds:4.0f} s {attempt.tokens.total:6d} tok  ", "dim"), detail,
+        f"  turn {attempt.turn}/{turns}  ",
+        (f"{verdict.value:<13}", verdict.style),
+        (f" {seconds:4.0f} s {attempt.tokens.total:6d} tok  ", "dim"),
+        detail,
     )
 
 

@@ -64,8 +64,12 @@ class GroupScores(BaseModel):
         if self.intervals:
             return self.intervals
         bare = {f"fast_{p}": Estimate(value=v, n=self.tasks) for p, v in self.fast_p.items()}
-        return {**bare, "correct": Estimate(value=self.correct, n=self.tasks), "compiled": Estimate(value=self.compiled, n=self.tasks),
-                "geomean": Estimate(value=self.geomean_speedup)}
+        return {
+            **bare,
+            "correct": Estimate(value=self.correct, n=self.tasks),
+            "compiled": Estimate(value=self.compiled, n=self.tasks),
+            "geomean": Estimate(value=self.geomean_speedup),
+        }
 
 
 class StrategyScores(BaseModel):
@@ -161,10 +165,7 @@ def best_by_evals(records: list[TrajectoryRecord], horizon: int | None = None) -
         series.append(curve)
     horizon = horizon if horizon is not None else max((len(c) for c in series), default=0)
     # A trajectory that stopped early keeps its best for the evaluations it did not spend.
-    return [
-        sum((c[min(e, len(c)) - 1] if c else 0.0) for c in series) / len(series) if series else 0.0
-        for e in range(1, horizon + 1)
-    ]
+    return [sum((c[min(e, len(c)) - 1] if c else 0.0) for c in series) / len(series) if series else 0.0 for e in range(1, horizon + 1)]
 
 
 def _by_task(records: list[TrajectoryRecord]) -> list[list[TrajectoryRecord]]:
@@ -185,7 +186,9 @@ def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
         outcomes = [_outcome(r) for r in group]
         scores.append(
             StrategyScores(
-                strategy=strategy, precision=precision, trajectories=len(group),
+                strategy=strategy,
+                precision=precision,
+                trajectories=len(group),
                 fast_p={f"{p:g}": fast_p(outcomes, p, total=len(group)) for p in P_VALUES},
                 correct=correctness_rate(outcomes, total=len(group)),
                 geomean_speedup=geomean_speedup(outcomes),
@@ -205,7 +208,9 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
         groups[(r.level, r.variant, r.strategy, r.precision)].append(r)
     scores = []
     # One precision's row next to the other's, for the same level, variant and strategy.
-    for (level, variant, strategy, precision), group in sorted(groups.items(), key=lambda item: (*item[0][:3], _precision_order(item[0][3]))):
+    for (level, variant, strategy, precision), group in sorted(
+        groups.items(), key=lambda item: (*item[0][:3], _precision_order(item[0][3]))
+    ):
         tolerance, allow_tf32 = numerics_of(group)
         first = [r for r in group if r.sample == 0]
         tasks = sorted({r.task for r in group})
@@ -218,7 +223,9 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 at_k[str(k)] = {f"{p:g}": fast_p_at_k(per_task, p, k, total=len(tasks)) for p in P_VALUES}
         scores.append(
             GroupScores(
-                level=level, variant=variant, tasks=len(tasks),
+                level=level,
+                variant=variant,
+                tasks=len(tasks),
                 fast_p={f"{p:g}": fast_p(outcomes, p, total=len(tasks)) for p in P_VALUES},
                 correct=correctness_rate(outcomes, total=len(tasks)),
                 compiled=compile_rate(outcomes, total=len(tasks)),
@@ -332,11 +339,16 @@ def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
         name = s.variant + (f"\n[dim]{s.strategy}[/]" if strategies and not wide else "")
         name += f"\n[bold]{s.precision}[/]" if precisions and not wide else ""
         table.add_row(
-            str(s.level), name, *([s.strategy] if strategies and wide else []), *([s.precision] if precisions and wide else []),
+            str(s.level),
+            name,
+            *([s.strategy] if strategies and wide else []),
+            *([s.precision] if precisions and wide else []),
             str(s.tasks),
             *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
-            _cell(estimates["correct"], "rate", wide), _cell(estimates["compiled"], "rate", wide),
-            _cell(estimates["geomean"], "times", wide), str(s.tokens) if wide else _tokens(s.tokens),
+            _cell(estimates["correct"], "rate", wide),
+            _cell(estimates["compiled"], "rate", wide),
+            _cell(estimates["geomean"], "times", wide),
+            str(s.tokens) if wide else _tokens(s.tokens),
         )
     return table
 
@@ -354,9 +366,13 @@ def render_strategies(scores: list[StrategyScores], wide: bool = False) -> Table
     for s in scores:
         estimates = s.estimates()
         table.add_row(
-            s.label(precisions), str(s.trajectories), *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
-            _cell(estimates["correct"], "rate", wide), _cell(estimates["geomean"], "times", wide),
-            f"{s.mean_evals:.1f}", str(s.tokens) if wide else _tokens(s.tokens),
+            s.label(precisions),
+            str(s.trajectories),
+            *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
+            _cell(estimates["correct"], "rate", wide),
+            _cell(estimates["geomean"], "times", wide),
+            f"{s.mean_evals:.1f}",
+            str(s.tokens) if wide else _tokens(s.tokens),
         )
     return table
 
@@ -426,16 +442,20 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     line_plot(
         "fast_p.png",
         [(label(s), list(P_VALUES), [s.estimates()[f"fast_{p:g}"] for p in P_VALUES]) for s in scores],
-        xlabel="speedup threshold p", ylabel="fast_p", title="fast_p against p (bars: 95% interval over tasks)",
+        xlabel="speedup threshold p",
+        ylabel="fast_p",
+        title="fast_p against p (bars: 95% interval over tasks)",
     )
     line_plot(
         "fast1_by_turn.png",
         [
-            (label(s), list(range(1, len(s.fast1_by_turn) + 1)),
-             s.fast1_by_turn_intervals or [Estimate(value=v) for v in s.fast1_by_turn])
-            for s in scores if s.fast1_by_turn
+            (label(s), list(range(1, len(s.fast1_by_turn) + 1)), s.fast1_by_turn_intervals or [Estimate(value=v) for v in s.fast1_by_turn])
+            for s in scores
+            if s.fast1_by_turn
         ],
-        xlabel="turn", ylabel="fast_1", title="fast_1 against refinement turns (bars: 95% interval over tasks)",
+        xlabel="turn",
+        ylabel="fast_1",
+        title="fast_1 against refinement turns (bars: 95% interval over tasks)",
     )
 
     fig, ax = plt.subplots(figsize=(6, 4))

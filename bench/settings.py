@@ -102,7 +102,11 @@ def describe_validation(exc: ValidationError, flags: Mapping[str, str] | None = 
             expected = str(error.get("ctx", {}).get("expected", "")).replace("'", "")
             parts.append(f"{flag} must be {expected}, not {value!r}")
             continue
-        shown = f" (got {value!r})" if error["type"] not in ("extra_forbidden", "value_error", "missing") and not isinstance(value, dict) else ""
+        shown = (
+            f" (got {value!r})"
+            if error["type"] not in ("extra_forbidden", "value_error", "missing") and not isinstance(value, dict)
+            else ""
+        )
         where = flag or where
         parts.append(f"{where}: {message}{shown}" if where else message)
     return "; ".join(parts)

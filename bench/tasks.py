@@ -128,14 +128,11 @@ def load_suite(
         absent = [level for level in chosen if not (root / f"level{level}").is_dir()]
         if absent:
             raise SuiteError(
-                f"suite {root} has no folder for level {', '.join(map(str, absent))}; "
-                f"it has {', '.join(_level_folders(root))}"
+                f"suite {root} has no folder for level {', '.join(map(str, absent))}; it has {', '.join(_level_folders(root))}"
             )
     tasks: list[Task] = []
     for level in chosen:
-        files = [
-            p for p in (root / f"level{level}").glob("*.py") if p.is_file() and not p.name.startswith("_")
-        ]
+        files = [p for p in (root / f"level{level}").glob("*.py") if p.is_file() and not p.name.startswith("_")]
         for path in sorted(files, key=_file_order):
             if name_filter is None or matches(path.stem, name_filter):
                 tasks.append(load_task_file(path, level))
@@ -222,8 +219,7 @@ def _declared_sizes(module: ast.Module, origin: str | Path) -> tuple[ast.stmt | 
     statements = [
         node
         for node in module.body
-        if isinstance(node, (ast.Assign, ast.AnnAssign))
-        and any(isinstance(t, ast.Name) and t.id == SIZES_NAME for t in _targets(node))
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(isinstance(t, ast.Name) and t.id == SIZES_NAME for t in _targets(node))
     ]
     if not statements:
         return None, {}
@@ -239,8 +235,7 @@ def _declared_sizes(module: ast.Module, origin: str | Path) -> tuple[ast.stmt | 
     except (ValueError, TypeError) as exc:
         raise SuiteError(f"{origin}, line {statement.lineno}: {SIZES_NAME} must be a literal ({exc}); {usage}") from exc
     if not isinstance(sizes, dict) or not all(
-        isinstance(device, str) and isinstance(values, dict) and all(isinstance(n, str) for n in values)
-        for device, values in sizes.items()
+        isinstance(device, str) and isinstance(values, dict) and all(isinstance(n, str) for n in values) for device, values in sizes.items()
     ):
         raise SuiteError(f"{origin}, line {statement.lineno}: {SIZES_NAME} has the wrong shape; {usage}")
     return statement, sizes

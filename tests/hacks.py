@@ -88,7 +88,7 @@ def lazy(build: Build) -> str:
     """A tensor subclass that computes the ReLU the first time anything looks at it."""
     return build(
         "return Lazy(x)",
-        prelude='''
+        prelude="""
 class Lazy(torch.Tensor):
     @staticmethod
     def __new__(cls, x):
@@ -104,5 +104,5 @@ class Lazy(torch.Tensor):
                 with torch._C.DisableTorchFunctionSubclass():
                     arg.copy_(ext.relu_fwd(source))
         return super().__torch_function__(func, types, args, kwargs or {})
-''',
+""",
     )

@@ -52,11 +52,17 @@ def make_config(cpu_config: EvalConfig, variant: str, turns: int = 5, target: fl
     )
 
 
-def stream(config: RunConfig, replies: list[str], evaluator: Evaluator, relu_task: TaskProgram, run_dir: Path) -> tuple[list[str], dict[str, Any]]:
+def stream(
+    config: RunConfig, replies: list[str], evaluator: Evaluator, relu_task: TaskProgram, run_dir: Path
+) -> tuple[list[str], dict[str, Any]]:
     """Run the graph, returning the nodes in the order visited (the turn subgraph's, then decide) and the final state."""
     graph = build_graph()
     ctx = AgentContext(
-        config=config, model=scripted_model(replies), evaluator=evaluator, run_dir=run_dir, run_id="test",
+        config=config,
+        model=scripted_model(replies),
+        evaluator=evaluator,
+        run_dir=run_dir,
+        run_id="test",
         trajectory=TrajectoryId(task="relu", variant=config.loop.variant),
     )
     visited: list[str] = []
@@ -76,12 +82,29 @@ def test_every_outcome_is_routed() -> None:
     assert set(Outcome) == routed, "every outcome a node returns leads somewhere, and none is left over"
 
 
-def test_compile_error_then_wrong_then_correct_under_G_E(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_compile_error_then_wrong_then_correct_under_G_E(
+    cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     visited, out = stream(make_config(cpu_config, "G+E"), SCRIPT, evaluator, relu_task, tmp_path)
     assert visited == [
-        "generate", "extract", "compile", "record", "decide",
-        "generate", "extract", "compile", "execute", "record", "decide",
-        "generate", "extract", "compile", "execute", "profile", "record", "decide",
+        "generate",
+        "extract",
+        "compile",
+        "record",
+        "decide",
+        "generate",
+        "extract",
+        "compile",
+        "execute",
+        "record",
+        "decide",
+        "generate",
+        "extract",
+        "compile",
+        "execute",
+        "profile",
+        "record",
+        "decide",
     ]
     first, second, third = out["records"]
     assert first.status == "compile_error" and second.status == "incorrect" and third.status == "correct"
@@ -96,7 +119,9 @@ def test_compile_error_then_wrong_then_correct_under_G_E(cpu_config: EvalConfig,
     assert third.result.timing is not None and third.tokens.total > 0
 
 
-def test_G_carries_the_previous_code_but_no_evaluation(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_G_carries_the_previous_code_but_no_evaluation(
+    cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     _, out = stream(make_config(cpu_config, "G"), SCRIPT, evaluator, relu_task, tmp_path)
     _, second, third = out["records"]
     assert "undeclared_identifier" in prompt_of(second), "the previous attempt's code is shown"
@@ -112,7 +137,9 @@ def test_G_E_P_carries_the_profiler_table(cpu_config: EvalConfig, evaluator: Eva
     assert "top operators by self CPU time" in prompt_of(second)
     assert "kernel::relu_fwd" in prompt_of(second)
     assert "speedup" in prompt_of(second)
-    _, plain = stream(make_config(cpu_config, "G+E", turns=2, target=1e9), [reply(RIGHT), reply(RIGHT)], evaluator, relu_task, tmp_path / "e")
+    _, plain = stream(
+        make_config(cpu_config, "G+E", turns=2, target=1e9), [reply(RIGHT), reply(RIGHT)], evaluator, relu_task, tmp_path / "e"
+    )
     assert "top operators" not in prompt_of(plain["records"][1])
     assert "speedup" in prompt_of(plain["records"][1])
 
@@ -121,15 +148,22 @@ def test_budget_is_respected(cpu_config: EvalConfig, evaluator: Evaluator, relu_
     model = scripted_model([reply(WRONG)])
     config = make_config(cpu_config, "G+E", turns=2)
     result = run_trajectory(
-        TaskSpec(name="relu", source=relu_task.source), config, model, evaluator, tmp_path,
-        TrajectoryId(task="relu", variant="G+E"), run_id="t",
+        TaskSpec(name="relu", source=relu_task.source),
+        config,
+        model,
+        evaluator,
+        tmp_path,
+        TrajectoryId(task="relu", variant="G+E"),
+        run_id="t",
     )
     assert result.turns == 2 and result.best is None
     assert model.i == 0, "replies are chosen by turn, not by a call counter"
     assert len(read_trace(result.trace)) == 2
 
 
-def test_reply_without_code_is_fed_back_and_counts(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_reply_without_code_is_fed_back_and_counts(
+    cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     replies = ["I would use OpenMP and vectorise the loop.", reply(RIGHT)]
     visited, out = stream(make_config(cpu_config, "G+E", turns=3), replies, evaluator, relu_task, tmp_path)
     assert visited[:4] == ["generate", "extract", "record", "decide"]
@@ -155,7 +189,9 @@ class CrashOnce:
         return self.inner.run(*args, **kwargs)
 
 
-def test_interrupted_run_resumes_at_the_turn_in_flight(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_interrupted_run_resumes_at_the_turn_in_flight(
+    cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     config = make_config(cpu_config, "G+E", turns=5)
     task = TaskSpec(name="relu", source=relu_task.source)
     trajectory = TrajectoryId(task="relu", variant="G+E")
@@ -217,25 +253,26 @@ def _cut_checkpoints_after(run_dir: Path, thread_id: str, node: str, turn: int) 
     """Leave the checkpoint file as a kill would: `node` of `turn` ran and its writes were
     saved, but the checkpoint that applies them, and all after it, were never written."""
     with closing(sqlite3.connect(checkpoint_path(run_dir))) as conn:
-        rows = conn.execute(
-            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? ORDER BY checkpoint_id", (thread_id,)
-        ).fetchall()
+        rows = conn.execute("SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? ORDER BY checkpoint_id", (thread_id,)).fetchall()
         ids = [r[0] for r in rows]
         with_node = [
-            cid for cid in ids
+            cid
+            for cid in ids
             if conn.execute(
-                "SELECT count(*) FROM writes WHERE thread_id = ? AND checkpoint_id = ? AND channel = 'outcome'"
-                " AND task_path LIKE ?", (thread_id, cid, f"%{node}%"),
+                "SELECT count(*) FROM writes WHERE thread_id = ? AND checkpoint_id = ? AND channel = 'outcome' AND task_path LIKE ?",
+                (thread_id, cid, f"%{node}%"),
             ).fetchone()[0]
         ]
         cut = with_node[turn - 1]
-        later = ids[ids.index(cut) + 1:]
+        later = ids[ids.index(cut) + 1 :]
         conn.executemany("DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?", [(thread_id, c) for c in later])
         conn.executemany("DELETE FROM writes WHERE thread_id = ? AND checkpoint_id = ?", [(thread_id, c) for c in later])
         conn.commit()
 
 
-def test_kill_between_saved_writes_and_next_checkpoint_resumes(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_kill_between_saved_writes_and_next_checkpoint_resumes(
+    cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     config = make_config(cpu_config, "G+E", turns=3)
     task = TaskSpec(name="relu", source=relu_task.source)
     trajectory = TrajectoryId(task="relu", variant="G+E")
@@ -256,7 +293,14 @@ def test_kill_between_saved_writes_and_next_checkpoint_resumes(cpu_config: EvalC
     assert result.turns == 3 and result.best is not None and result.best.turn == 3
 
 
-def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_api_key_never_reaches_traces_or_logs(
+    cpu_config: EvalConfig,
+    evaluator: Evaluator,
+    relu_task: TaskProgram,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from bench.soak.fake_server import FaultPlan, ServerLog, serve
 
     secret = "sk-refinery-test-0123456789abcdef"
@@ -266,8 +310,13 @@ def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator:
         settings = ModelSettings(model="gpt-test", base_url=url, api_key_env="REFINERY_TEST_KEY", retries=4)
         config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
         result = run_trajectory(
-            TaskSpec(name="relu", source=relu_task.source), config, build_chat_model(settings), evaluator,
-            tmp_path, TrajectoryId(task="relu", variant="G+E"), run_id="k",
+            TaskSpec(name="relu", source=relu_task.source),
+            config,
+            build_chat_model(settings),
+            evaluator,
+            tmp_path,
+            TrajectoryId(task="relu", variant="G+E"),
+            run_id="k",
         )
     assert log.auth_headers[-1] == f"Bearer {secret}", "the key was used for the call"
     assert log.requests == 3, "429 and 500 were retried"
@@ -277,7 +326,9 @@ def test_api_key_never_reaches_traces_or_logs(cpu_config: EvalConfig, evaluator:
     assert secret not in capsys.readouterr().out
 
 
-def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(
+    cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     """Before the turn subgraph, generate, extract, compile... were the loop's own nodes: a run killed
     mid-turn then cannot resume inside today's turn, and must not read as finished either."""
     from langgraph.graph import START, StateGraph
@@ -298,9 +349,18 @@ def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(cpu_config: E
     trajectory = TrajectoryId(task="relu", variant="G+E")
     saver = open_checkpointer(tmp_path)
     with closing(saver.conn), pytest.raises(KeyboardInterrupt):
-        old.compile(checkpointer=saver).invoke({"task": TaskSpec(name="relu", source=relu_task.source)}, {"configurable": {"thread_id": trajectory.slug}})
+        old.compile(checkpointer=saver).invoke(
+            {"task": TaskSpec(name="relu", source=relu_task.source)}, {"configurable": {"thread_id": trajectory.slug}}
+        )
 
     config = make_config(cpu_config, "G+E", turns=2, target=1e9)
-    result = run_trajectory(TaskSpec(name="relu", source=relu_task.source), config, scripted_model(["no code today"]), evaluator,
-                            tmp_path, trajectory, run_id="r")
+    result = run_trajectory(
+        TaskSpec(name="relu", source=relu_task.source),
+        config,
+        scripted_model(["no code today"]),
+        evaluator,
+        tmp_path,
+        trajectory,
+        run_id="r",
+    )
     assert result.turns == 2 and [r.status for r in read_trace(result.trace)] == ["no_code", "no_code"]

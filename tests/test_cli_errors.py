@@ -100,8 +100,20 @@ def test_missing_api_key() -> None:
 def test_unreachable_endpoint_names_the_url_and_the_retries(tmp_path: Path) -> None:
     url = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
     result = refinery(
-        "run", "--task", RELU, "--model", "gpt-4o", "--base-url", url, "--retries", "2", "--turns", "1",
-        "--run-dir", tmp_path / "run", "--no-hardware-prompt",
+        "run",
+        "--task",
+        RELU,
+        "--model",
+        "gpt-4o",
+        "--base-url",
+        url,
+        "--retries",
+        "2",
+        "--turns",
+        "1",
+        "--run-dir",
+        tmp_path / "run",
+        "--no-hardware-prompt",
     )
     assert_user_error(result, url, "could not be reached", "after 2 attempts (1 retry with back-off)", "check --base-url")
 
@@ -112,8 +124,19 @@ def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
     log = ServerLog()
     with serve(["unused"], log, FaultPlan(first=("http_401",))) as url:
         result = refinery(
-            "run", "--task", RELU, "--model", "gpt-test", "--base-url", url, "--turns", "1", "--run-dir", tmp_path / "run",
-            "--no-hardware-prompt", env={"OPENAI_API_KEY": "sk-test"},
+            "run",
+            "--task",
+            RELU,
+            "--model",
+            "gpt-test",
+            "--base-url",
+            url,
+            "--turns",
+            "1",
+            "--run-dir",
+            tmp_path / "run",
+            "--no-hardware-prompt",
+            env={"OPENAI_API_KEY": "sk-test"},
         )
     assert_user_error(result, url, "refused the request (HTTP 401", "retrying will not help")
     assert log.requests == 1, "an authentication error is not retried"
@@ -121,8 +144,19 @@ def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
 
 def test_run_directory_from_another_version(tmp_path: Path) -> None:
     # results.jsonl with a record this version does not know (a torn last line is fine, this is not).
-    good = TrajectoryRecord(task="level1/1_relu", level=1, variant="G", sample=0, best_status="correct", best_speedup=1.5,
-                            best_turn=1, turns=1, compiled=True, tokens=10, per_turn=(TurnOutcome(status="correct", speedup=1.5),))
+    good = TrajectoryRecord(
+        task="level1/1_relu",
+        level=1,
+        variant="G",
+        sample=0,
+        best_status="correct",
+        best_speedup=1.5,
+        best_turn=1,
+        turns=1,
+        compiled=True,
+        tokens=10,
+        per_turn=(TurnOutcome(status="correct", speedup=1.5),),
+    )
     run = tmp_path / "old"
     run.mkdir()
     (run / "results.jsonl").write_text(json.dumps({"task_name": "relu", "score": 1}) + "\n" + good.model_dump_json() + "\n")
@@ -170,14 +204,25 @@ def test_the_installed_command_prints_one_line_without_traceback(not_a_task: Pat
     env = {k: v for k, v in os.environ.items() if k != "REFINERY_DEBUG"}
     done = subprocess.run(
         [sys.executable, "-c", "from bench.cli import app; app()", "run", "--task", str(not_a_task)],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     bug = subprocess.run(
-        [sys.executable, "-c", "from bench.cli import app; import bench.report as r; r.report = lambda *a, **k: 1 / 0; app()",
-         "report", str(V0_RUN)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "from bench.cli import app; import bench.report as r; r.report = lambda *a, **k: 1 / 0; app()",
+            "report",
+            str(V0_RUN),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert bug.returncode == 1 and "ZeroDivisionError" in bug.stderr and "Traceback" in bug.stderr

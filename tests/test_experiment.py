@@ -72,10 +72,7 @@ def refinery(*args: str) -> list[str]:
 
 def table(records: list[TrajectoryRecord]) -> list[tuple]:
     """The parts of the report that the scripted outcomes fix (timings vary, their side of 1 does not)."""
-    return [
-        (s.level, s.variant, s.tasks, s.fast_p["0"], s.fast_p["1"], s.correct, s.compiled)
-        for s in score(records)
-    ]
+    return [(s.level, s.variant, s.tasks, s.fast_p["0"], s.fast_p["1"], s.correct, s.compiled) for s in score(records)]
 
 
 EXPECTED = [
@@ -88,9 +85,19 @@ EXPECTED = [
 
 def test_report_numbers_from_known_outcomes() -> None:
     def rec(task: str, level: int, status: str, speedup: float | None, per_turn: list) -> TrajectoryRecord:
-        return TrajectoryRecord(task=task, level=level, variant="G+E", sample=0, best_status=status, best_speedup=speedup,
-                                best_turn=1, turns=len(per_turn), compiled=status != "compile_error", tokens=100,
-                                per_turn=tuple(TurnOutcome(status=s, speedup=x) for s, x in per_turn))
+        return TrajectoryRecord(
+            task=task,
+            level=level,
+            variant="G+E",
+            sample=0,
+            best_status=status,
+            best_speedup=speedup,
+            best_turn=1,
+            turns=len(per_turn),
+            compiled=status != "compile_error",
+            tokens=100,
+            per_turn=tuple(TurnOutcome(status=s, speedup=x) for s, x in per_turn),
+        )
 
     records = [
         rec("a", 1, "correct", 2.0, [("incorrect", None), ("correct", 2.0)]),
@@ -107,14 +114,28 @@ def test_report_numbers_from_known_outcomes() -> None:
 
 def test_results_written_before_schema_versions_load_and_migrate(tmp_path: Path) -> None:
     # A line as results.jsonl held it before schema_version: per_turn as [status, speedup] pairs.
-    old = {"task": "level1/1_relu", "level": 1, "variant": "G+E", "sample": 0, "best_status": "correct", "best_speedup": 1.5,
-           "best_turn": 3, "turns": 3, "compiled": True, "tokens": 10,
-           "per_turn": [["no_code", None], ["compile_error", None], ["correct", 1.5]], "strategy": "refine", "evals": 2}
+    old = {
+        "task": "level1/1_relu",
+        "level": 1,
+        "variant": "G+E",
+        "sample": 0,
+        "best_status": "correct",
+        "best_speedup": 1.5,
+        "best_turn": 3,
+        "turns": 3,
+        "compiled": True,
+        "tokens": 10,
+        "per_turn": [["no_code", None], ["compile_error", None], ["correct", 1.5]],
+        "strategy": "refine",
+        "evals": 2,
+    }
     (tmp_path / "results.jsonl").write_text(json.dumps(old) + "\n")
     (record,) = read_results(tmp_path)
     assert record.schema_version == RESULTS_SCHEMA_VERSION
     assert record.per_turn == (
-        TurnOutcome(status=Verdict.NO_CODE), TurnOutcome(status=Verdict.COMPILE_ERROR), TurnOutcome(status=Verdict.CORRECT, speedup=1.5),
+        TurnOutcome(status=Verdict.NO_CODE),
+        TurnOutcome(status=Verdict.COMPILE_ERROR),
+        TurnOutcome(status=Verdict.CORRECT, speedup=1.5),
     )
     assert record.best_status is Verdict.CORRECT and record.evaluations == 2
     # Written again, it is a current line, and reads back the same.
@@ -177,11 +198,30 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
 # config.json as an experiment wrote it before the loop and evaluator settings were nested (no
 # schema_version; turns, target_speedup, hardware_prompt, device and backend at the top level).
 V0_CONFIG = {
-    "suite": "builtin", "levels": [1], "tasks": "1_relu", "variants": ["G", "G+E"], "turns": 2, "samples": 1,
-    "strategies": ["refine"], "search": {"n": 4, "rounds": 3, "ideas": 3, "beam_width": 2, "budget_evals": None, "budget_tokens": None},
-    "target_speedup": 1.5, "hardware_prompt": False, "device": "cpu", "backend": None, "workers": 0, "concurrency": 4,
-    "executor": "local", "llm": {"model": "scripted:x.json", "base_url": None, "api_key_env": "OPENAI_API_KEY", "temperature": 0.0,
-                                 "max_tokens": 4096, "timeout_s": 600.0, "retries": 6},
+    "suite": "builtin",
+    "levels": [1],
+    "tasks": "1_relu",
+    "variants": ["G", "G+E"],
+    "turns": 2,
+    "samples": 1,
+    "strategies": ["refine"],
+    "search": {"n": 4, "rounds": 3, "ideas": 3, "beam_width": 2, "budget_evals": None, "budget_tokens": None},
+    "target_speedup": 1.5,
+    "hardware_prompt": False,
+    "device": "cpu",
+    "backend": None,
+    "workers": 0,
+    "concurrency": 4,
+    "executor": "local",
+    "llm": {
+        "model": "scripted:x.json",
+        "base_url": None,
+        "api_key_env": "OPENAI_API_KEY",
+        "temperature": 0.0,
+        "max_tokens": 4096,
+        "timeout_s": 600.0,
+        "retries": 6,
+    },
     "eval": None,
 }
 
@@ -195,13 +235,20 @@ def test_config_json_of_older_runs_still_loads_and_resumes(tmp_path: Path) -> No
     assert {p: n.tolerance for p, n in read_precisions(tmp_path).items()} == {"fp32": 1e-4}
     # The same experiment in today's layout resumes the old directory; the file is then today's.
     same = ExperimentConfig(
-        tasks="1_relu", variants=["G", "G+E"], loop={"turns": 2, "target_speedup": 1.5, "hardware_prompt": False},
-        llm={"model": "scripted:x.json"}, concurrency=2,
+        tasks="1_relu",
+        variants=["G", "G+E"],
+        loop={"turns": 2, "target_speedup": 1.5, "hardware_prompt": False},
+        llm={"model": "scripted:x.json"},
+        concurrency=2,
     )
     assert same == old.model_copy(update={"concurrency": 2})
     prepare_run_dir(tmp_path, same)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["schema_version"] == CONFIG_SCHEMA_VERSION and saved["loop"] == {"turns": 2, "target_speedup": 1.5, "hardware_prompt": False}
+    assert saved["schema_version"] == CONFIG_SCHEMA_VERSION and saved["loop"] == {
+        "turns": 2,
+        "target_speedup": 1.5,
+        "hardware_prompt": False,
+    }
     assert read_saved_config(tmp_path / "config.json") == same
     # Other settings are still refused, by their key.
     (tmp_path / "config.json").write_text(json.dumps({**V0_CONFIG, "turns": 3}))
@@ -252,9 +299,13 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
     script = tmp_path / "script.json"
     script.write_text('["no code"]')
     toml = tmp_path / "settings.toml"
-    toml.write_text(f'run_dir = "{tmp_path / "from-file"}"\n[loop]\nturns = 2\n[llm]\nmodel = "scripted:{script}"\n[search]\nrounds = 5\n[eval]\ntrials = 9\n')
+    toml.write_text(
+        f'run_dir = "{tmp_path / "from-file"}"\n[loop]\nturns = 2\n[llm]\nmodel = "scripted:{script}"\n[search]\nrounds = 5\n[eval]\ntrials = 9\n'
+    )
     relu = Path(__file__).parent.parent / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
-    result = CliRunner().invoke(app, ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--no-hardware-prompt"])
+    result = CliRunner().invoke(
+        app, ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--no-hardware-prompt"]
+    )
     assert result.exit_code == 0, result.output
     run = seen["run"]
     assert isinstance(run, RunConfig)

@@ -51,14 +51,17 @@ def test_correct_cuda_candidate_for_builtin_task(evaluator: Evaluator, task_name
     assert result.status is EvalStatus.CORRECT, result.message
     assert result.timing is not None and result.timing.candidate.clock == "cuda-events"
     assert result.profile is not None and result.profile.rows
-    record(task_name, {
-        "stage_seconds": result.stage_seconds,
-        "candidate_ms": result.timing.candidate.median,
-        "reference_ms": result.timing.reference.median,
-        "compiled_ms": result.timing.reference_compiled.median if result.timing.reference_compiled else None,
-        "speedup": result.timing.speedup,
-        "profile": result.profile.table if result.profile else "",
-    })
+    record(
+        task_name,
+        {
+            "stage_seconds": result.stage_seconds,
+            "candidate_ms": result.timing.candidate.median,
+            "reference_ms": result.timing.reference.median,
+            "compiled_ms": result.timing.reference_compiled.median if result.timing.reference_compiled else None,
+            "speedup": result.timing.speedup,
+            "profile": result.profile.table if result.profile else "",
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +104,9 @@ class TestCudaHacks:
         assert result.status is EvalStatus.REJECTED and "aten::relu" in result.message
 
     def test_try_except_fallback_rejected(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
-        result = evaluator.evaluate(relu_task, cuda_candidate("try:\n    return ext.relu_fwd(x)\nexcept RuntimeError:\n    return torch.relu(x)"))
+        result = evaluator.evaluate(
+            relu_task, cuda_candidate("try:\n    return ext.relu_fwd(x)\nexcept RuntimeError:\n    return torch.relu(x)")
+        )
         assert result.status is EvalStatus.REJECTED
 
     def test_work_on_a_side_stream_is_timed(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
@@ -144,10 +149,16 @@ class TestCudaGuards:
         assert len(result.timing.checked_calls) == 9 and result.timing.fresh_inputs
         assert result.timing.floor_ms is not None and result.timing.floor_ms < result.timing.candidate.median
         assert result.timing.speedup_ci95 is not None
-        record("guards_baseline", {
-            "kernel_share": share.model_dump(), "floor_ms": result.timing.floor_ms, "candidate_ms": result.timing.candidate.median,
-            "roofline_ms": result.timing.reference_roofline_ms, "ci": result.timing.speedup_ci95,
-        })
+        record(
+            "guards_baseline",
+            {
+                "kernel_share": share.model_dump(),
+                "floor_ms": result.timing.floor_ms,
+                "candidate_ms": result.timing.candidate.median,
+                "roofline_ms": result.timing.reference_roofline_ms,
+                "ci": result.timing.speedup_ci95,
+            },
+        )
 
     def test_content_memo_gains_nothing(self, cuda_config: EvalConfig, relu_task: TaskProgram) -> None:
         with Evaluator(cuda_config) as ev:
@@ -183,7 +194,9 @@ class TestCudaGuards:
         assert "on inputs redrawn from a signed standard normal (normal)" in result.message
 
     @pytest.mark.parametrize("hack", [hacks.returned_input, hacks.returned_view])
-    def test_output_sharing_an_input_is_rejected(self, evaluator: Evaluator, rand_task: TaskProgram, hack: Callable[[hacks.Build], str]) -> None:
+    def test_output_sharing_an_input_is_rejected(
+        self, evaluator: Evaluator, rand_task: TaskProgram, hack: Callable[[hacks.Build], str]
+    ) -> None:
         result = evaluator.evaluate(rand_task, hack(cuda_candidate))
         assert result.status is EvalStatus.REJECTED, result.message
         assert "the output shares memory with input 0" in result.message
@@ -212,10 +225,16 @@ def test_bf16_run_of_a_builtin_task(cuda_config: EvalConfig, task_name: str) -> 
     assert result.status is EvalStatus.CORRECT, result.message
     assert result.precision == "bf16" and result.tolerance == 1e-2
     assert result.timing is not None and result.correctness is not None
-    record(f"bf16_{task_name}", {
-        "candidate_ms": result.timing.candidate.median, "reference_ms": result.timing.reference.median,
-        "speedup": result.timing.speedup, "ci": result.timing.speedup_ci95, "max_abs_diff": result.correctness.max_abs_diff,
-    })
+    record(
+        f"bf16_{task_name}",
+        {
+            "candidate_ms": result.timing.candidate.median,
+            "reference_ms": result.timing.reference.median,
+            "speedup": result.timing.speedup,
+            "ci": result.timing.speedup_ci95,
+            "max_abs_diff": result.correctness.max_abs_diff,
+        },
+    )
 
 
 def test_tf32_matmul_fails_fp32_at_the_default_and_passes_at_the_papers_tolerance(cuda_config: EvalConfig) -> None:
@@ -228,8 +247,14 @@ def test_tf32_matmul_fails_fp32_at_the_default_and_passes_at_the_papers_toleranc
         strict = ev.run(program, source, stages)
     with Evaluator(cuda_config.model_copy(update={"tolerance": 1e-2})) as ev:
         paper = ev.run(program, source, stages)
-    record("tf32_matmul", {"default": strict.message[:500], "at_1e-2": paper.status.value if paper.status else None,
-                           "at_1e-2_max_abs_diff": paper.correctness.max_abs_diff if paper.correctness else None})
+    record(
+        "tf32_matmul",
+        {
+            "default": strict.message[:500],
+            "at_1e-2": paper.status.value if paper.status else None,
+            "at_1e-2_max_abs_diff": paper.correctness.max_abs_diff if paper.correctness else None,
+        },
+    )
     assert strict.status is EvalStatus.INCORRECT, strict.message
     assert "on inputs redrawn from a signed standard normal (normal)" in strict.message
     assert "the error is at reduced-precision level" in strict.message
@@ -244,10 +269,16 @@ def test_triton_candidate_end_to_end(cuda_config: EvalConfig) -> None:
         result = ev.evaluate(TaskProgram(name=task.name, source=task.source_for("cuda")), source)
     assert result.status is EvalStatus.CORRECT, result.message
     assert result.profile is not None and "relu_kernel" in result.profile.table
-    record("triton_1_relu", {
-        "stage_seconds": result.stage_seconds, "candidate_ms": result.timing.candidate.median,
-        "reference_ms": result.timing.reference.median, "speedup": result.timing.speedup, "profile": result.profile.table,
-    })
+    record(
+        "triton_1_relu",
+        {
+            "stage_seconds": result.stage_seconds,
+            "candidate_ms": result.timing.candidate.median,
+            "reference_ms": result.timing.reference.median,
+            "speedup": result.timing.speedup,
+            "profile": result.profile.table,
+        },
+    )
 
 
 def test_nsight_compute_metrics_for_a_cuda_candidate(evaluator: Evaluator) -> None:

@@ -24,6 +24,7 @@ CORRECT = "return ext.relu_fwd(x)"
 RUNTIME_ONLY = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
 """Past the static check: what the worker itself catches."""
 
+
 @pytest.fixture(scope="module")
 def evaluator(cpu_config: EvalConfig) -> Iterator[Evaluator]:
     with Evaluator(cpu_config) as ev:
@@ -184,13 +185,15 @@ def test_speed_of_light_floor_retimes_then_rejects(monkeypatch: pytest.MonkeyPat
     task = import_source(task_source("small_relu_task"), "task", tmp_path)
     honest = import_source(
         "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x) * 1e-3\n",
-        "candidate", tmp_path,
+        "candidate",
+        tmp_path,
     )
     program = Program(task, honest, torch.device("cpu"))
     ref, new = program.reference(0), program.new_model(0)
-    with pytest.raises(Rejected, match=r"below the speed-of-light floor of .* also when timed again on fresh inputs with every output checked"):
+    with pytest.raises(
+        Rejected, match=r"below the speed-of-light floor of .* also when timed again on fresh inputs with every output checked"
+    ):
         timing_stage.time_candidate(Timer(torch.device("cpu")), program, cpu_config, ref, new, {}, ("k",))
-
 
 
 def test_mixed_inputs_are_new_on_every_call_and_keep_what_get_inputs_promised() -> None:

@@ -69,7 +69,9 @@ def test_a_wrong_way_import_is_named_with_its_file_and_line(tmp_path: Path) -> N
         (tmp_path / package).mkdir()
     (tmp_path / "tools" / "evaluator.py").write_text("import os\n\n\ndef f():\n    from langchain_core.messages import AIMessage\n")
     (tmp_path / "traces" / "sub").mkdir()
-    (tmp_path / "traces" / "sub" / "view.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ...bench import render\n")
+    (tmp_path / "traces" / "sub" / "view.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ...bench import render\n"
+    )
     (tmp_path / "agent" / "nodes.py").write_text("from agent.state import Attempt\nimport bench.render as r\n")
     assert wrong_way_imports(tmp_path) == [
         "tools/evaluator.py:5: tools/ imports langchain_core.messages (the evaluator runs without an LLM stack)",

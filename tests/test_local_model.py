@@ -61,12 +61,8 @@ def fake_model(
         (site / module / "__init__.py").write_text("raise AssertionError('a model part was imported')\n")
         info = f"{module}-{installed_version}.dist-info"
         (site / info).mkdir()
-        (site / info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: fake-part-{tag}-{i}\nVersion: {installed_version}\n"
-        )
-        (site / info / "RECORD").write_text(
-            f"{module}/__init__.py,,\n{file},,{len(data)}\n{info}/METADATA,,\n{info}/RECORD,,\n"
-        )
+        (site / info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fake-part-{tag}-{i}\nVersion: {installed_version}\n")
+        (site / info / "RECORD").write_text(f"{module}/__init__.py,,\n{file},,{len(data)}\n{info}/METADATA,,\n{info}/RECORD,,\n")
         parts.append(ModelPart(f"fake-part-{tag}-{i}", "1.0", file, len(data), hashlib.sha256(data).hexdigest()))
     monkeypatch.syspath_prepend(str(site))
     joined = b"".join(chunks)
@@ -198,9 +194,7 @@ def test_part_at_another_version_is_refused(tmp_path: Path, monkeypatch: pytest.
         ensure_model_file("fake", tmp_path / "cache")
 
 
-def test_parts_are_found_through_metadata_without_importing_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_parts_are_found_through_metadata_without_importing_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = fake_model(tmp_path, monkeypatch, CHUNKS)
 
     def no_import(name: str, package: str | None = None) -> object:
@@ -217,9 +211,7 @@ def test_parts_are_found_through_metadata_without_importing_them(
 
 
 @pytest.mark.parametrize("damage", ["one byte changed", "truncated"])
-def test_damaged_part_is_refused_by_name_before_any_join(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
-) -> None:
+def test_damaged_part_is_refused_by_name_before_any_join(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
     model = fake_model(tmp_path, monkeypatch, CHUNKS)
     good, bad, _ = model.parts
     chunk = installed_chunk(tmp_path, bad)
@@ -243,9 +235,7 @@ def test_damaged_part_is_refused_by_name_before_any_join(
     assert leftovers(cache) == []
 
 
-def test_a_pin_that_differs_from_the_installed_part_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_pin_that_differs_from_the_installed_part_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = fake_model(tmp_path, monkeypatch, CHUNKS)
     last = model.parts[-1]
     repinned = ModelPart(**{**last.__dict__, "sha256": "f" * 64})
@@ -442,8 +432,13 @@ def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> N
     config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
     with open_chat_model(settings) as chat, Evaluator(cpu_config) as evaluator:
         result = run_trajectory(
-            TaskSpec(name=task.name, source=task.source_for("cpu"), level=1), config, chat, evaluator, tmp_path,
-            TrajectoryId(task=task.key, variant="G+E"), run_id="smoke",
+            TaskSpec(name=task.name, source=task.source_for("cpu"), level=1),
+            config,
+            chat,
+            evaluator,
+            tmp_path,
+            TrajectoryId(task=task.key, variant="G+E"),
+            run_id="smoke",
         )
     (turn,) = read_trace(result.trace)
     assert turn.reply.strip(), "a reply arrived"

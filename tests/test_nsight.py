@@ -67,9 +67,18 @@ def _correct_result(nsight: NsightReport | None) -> EvalResult:
 
 
 def test_variants_compose() -> None:
-    kernel = KernelCounters(name="softmax_kernel", duration_us=2362.0, dram_pct=56.5, sm_pct=35.2, occupancy_pct=95.7,
-                            registers=20, shared_bytes=128, top_stall="long_scoreboard", top_stall_ratio=36.9,
-                            verdict=roofline_verdict(56.5, 35.2, "long_scoreboard"))
+    kernel = KernelCounters(
+        name="softmax_kernel",
+        duration_us=2362.0,
+        dram_pct=56.5,
+        sm_pct=35.2,
+        occupancy_pct=95.7,
+        registers=20,
+        shared_bytes=128,
+        top_stall="long_scoreboard",
+        top_stall_ratio=36.9,
+        verdict=roofline_verdict(56.5, 35.2, "long_scoreboard"),
+    )
     result = _correct_result(NsightReport(available=True, kernels=(kernel,)))
     assert Variant.parse("G+E+P+N").parts == {"E", "P", "N"}
     with pytest.raises(ValueError):

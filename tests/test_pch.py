@@ -44,5 +44,7 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
     expected = [str(tmp_path / "pch"), "/mine"] if ready else ["/mine"]
     assert cpp_kwargs["extra_include_paths"] == expected
     assert "extra_include_paths" not in cuda_kwargs, "a CUDA build is compiled with other options: no header"
-    key = compile_cache.cache_key({"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": {"extra_include_paths": ["/mine"], "functions": ["f"]}})
+    key = compile_cache.cache_key(
+        {"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": {"extra_include_paths": ["/mine"], "functions": ["f"]}}
+    )
     assert cpp_name == f"k_{key[:12]}"

@@ -173,11 +173,24 @@ def test_prompt_names_the_dtype_only_at_reduced_precision() -> None:
     assert "cast to" not in idea_messages(**ideas)[1].content  # type: ignore[arg-type]
 
 
-def record(task: str, status: str, speedup: float | None, precision: str, tolerance: float | None, variant: str = "G+E") -> TrajectoryRecord:
+def record(
+    task: str, status: str, speedup: float | None, precision: str, tolerance: float | None, variant: str = "G+E"
+) -> TrajectoryRecord:
     return TrajectoryRecord(
-        task=task, level=1, variant=variant, sample=0, best_status=status, best_speedup=speedup, best_turn=1 if speedup else None,
-        turns=1, compiled=status != "compile_error", tokens=100, per_turn=(TurnOutcome(status=status, speedup=speedup),), evals=1,
-        precision=precision, tolerance=tolerance,
+        task=task,
+        level=1,
+        variant=variant,
+        sample=0,
+        best_status=status,
+        best_speedup=speedup,
+        best_turn=1 if speedup else None,
+        turns=1,
+        compiled=status != "compile_error",
+        tokens=100,
+        per_turn=(TurnOutcome(status=status, speedup=speedup),),
+        evals=1,
+        precision=precision,
+        tolerance=tolerance,
     )
 
 
@@ -188,8 +201,19 @@ def two_precisions() -> list[TrajectoryRecord]:
 
 
 def test_older_records_read_as_fp32_with_unknown_tolerance(tmp_path: Path) -> None:
-    old = {"task": "level1/a", "level": 1, "variant": "G", "sample": 0, "best_status": "correct", "best_speedup": 1.2,
-           "best_turn": 1, "turns": 1, "compiled": True, "tokens": 10, "per_turn": [["correct", 1.2]]}
+    old = {
+        "task": "level1/a",
+        "level": 1,
+        "variant": "G",
+        "sample": 0,
+        "best_status": "correct",
+        "best_speedup": 1.2,
+        "best_turn": 1,
+        "turns": 1,
+        "compiled": True,
+        "tokens": 10,
+        "per_turn": [["correct", 1.2]],
+    }
     (tmp_path / "results.jsonl").write_text(json.dumps(old) + "\n")
     (r,) = read_results(tmp_path)
     assert (r.precision, r.tolerance, r.allow_tf32, r.strategy) == ("fp32", None, False, "refine")
@@ -241,10 +265,17 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
 
     def experiment(**eval_settings: object) -> ExperimentConfig:
-        return ExperimentConfig.model_validate({
-            "tasks": "1_relu", "variants": ["G"], "turns": 1, "hardware_prompt": False, "concurrency": 1,
-            "llm": {"model": f"scripted:{script}"}, "eval": eval_settings or None,
-        })
+        return ExperimentConfig.model_validate(
+            {
+                "tasks": "1_relu",
+                "variants": ["G"],
+                "turns": 1,
+                "hardware_prompt": False,
+                "concurrency": 1,
+                "llm": {"model": f"scripted:{script}"},
+                "eval": eval_settings or None,
+            }
+        )
 
     def run(config: ExperimentConfig) -> list[TrajectoryRecord]:
         prepare_run_dir(run_dir, config)

@@ -25,12 +25,18 @@ def test_a_compile_error_gets_the_hint_its_log_matches() -> None:
     assert "shadows a parameter" in text and "Hint: A local variable has the same name" in text
 
 
-
 def test_a_python_comment_in_cpp_gets_the_comment_hint() -> None:
     log = "line 19 of the candidate (main.cpp:16): error: invalid preprocessing directive #This"
     result = EvalResult(status=EvalStatus.COMPILE_ERROR, compile=CompileReport(ok=False, log=log, seconds=1.0))
     text = evaluation_feedback(result, Variant.parse("G+E"))
     assert text.count("Hint:") == 1 and "write comments with `//`" in text
+
+
+def test_an_openmp_reduction_over_an_array_gets_its_hint() -> None:
+    log = "line 23 of the candidate (main.cpp:20): error: user defined reduction not found for 'sums'"
+    result = EvalResult(status=EvalStatus.COMPILE_ERROR, compile=CompileReport(ok=False, log=log, seconds=1.0))
+    text = evaluation_feedback(result, Variant.parse("G+E"))
+    assert text.count("Hint:") == 1 and "keep the row's sum in a local scalar" in text
 
 
 def test_wrong_arity_forward_gets_its_hint_and_other_errors_none() -> None:
@@ -102,9 +108,11 @@ def _prompt(source: str) -> str:
 
 def test_the_prompt_states_the_task_interface_after_the_instruction() -> None:
     prompt = _prompt(TWO_INPUTS)
-    line = ("ModelNew keeps the interface of t's Model: `def __init__(self, features: int, eps: float=1e-05, *, bias=True)` "
-            "and `def forward(self, A: torch.Tensor, B: torch.Tensor, scale: float=2.0) -> torch.Tensor` "
-            "(3 inputs: A, B, scale).")
+    line = (
+        "ModelNew keeps the interface of t's Model: `def __init__(self, features: int, eps: float=1e-05, *, bias=True)` "
+        "and `def forward(self, A: torch.Tensor, B: torch.Tensor, scale: float=2.0) -> torch.Tensor` "
+        "(3 inputs: A, B, scale)."
+    )
     assert line in prompt
     assert prompt.index("Write ModelNew with custom kernels") < prompt.index(line)
     one = _prompt("class Model:\n    def __init__(self):\n        pass\n\n    def forward(self, x):\n        return x\n")
@@ -118,7 +126,7 @@ from agent.extract import REFERENCE_ECHO, extract_candidate  # noqa: E402
 from agent.prompting import turn_feedback  # noqa: E402
 from agent.state import Attempt  # noqa: E402
 
-ECHO = '''Here is the code:
+ECHO = """Here is the code:
 ```python
 import torch
 import torch.nn as nn
@@ -127,7 +135,7 @@ class Model(nn.Module):
     def forward(self, x):
         return torch.softmax(x, dim=-1)
 ```
-'''
+"""
 
 
 def test_a_reply_that_repeats_the_reference_is_named_as_such() -> None:
@@ -144,6 +152,7 @@ def test_a_reply_that_repeats_the_reference_is_named_as_such() -> None:
 def test_the_echo_is_not_shown_back_but_other_unusable_replies_are() -> None:
     echo = turn_feedback(Attempt(turn=1, reply=ECHO, extract_error=REFERENCE_ECHO), Variant.parse("G"))
     assert REFERENCE_ECHO in echo and "softmax" not in echo and "The start of that reply" not in echo
-    prose = turn_feedback(Attempt(turn=1, reply="I would use OpenMP.", extract_error="it contained no ```python code block"),
-                          Variant.parse("G"))
+    prose = turn_feedback(
+        Attempt(turn=1, reply="I would use OpenMP.", extract_error="it contained no ```python code block"), Variant.parse("G")
+    )
     assert "The start of that reply was:\nI would use OpenMP." in prose

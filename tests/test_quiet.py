@@ -76,9 +76,13 @@ def overlaps(a: list[Interval], b: list[Interval]) -> list[tuple[Interval, Inter
 
 def experiment(tmp_path: Path, model: str) -> tuple[TimedModel, TimedEvaluator]:
     config = ExperimentConfig(
-        tasks="[124]_[rgs]*", variants=["G+E"], concurrency=3, workers=1,
+        tasks="[124]_[rgs]*",
+        variants=["G+E"],
+        concurrency=3,
+        workers=1,
         loop={"turns": 3, "target_speedup": 1e9, "hardware_prompt": False},
-        llm=ModelSettings(model=model), eval=EvalConfig(device="cpu"),
+        llm=ModelSettings(model=model),
+        eval=EvalConfig(device="cpu"),
     )
     chat = TimedModel(responses=[AIMessage(content=REPLY)], intervals=[])
     evaluator = TimedEvaluator()

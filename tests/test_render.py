@@ -50,23 +50,40 @@ def headers(table: Table) -> list[str]:
     return [str(c.header) for c in table.columns]
 
 
-def record(task: str, variant: str, status: str, speedup: float | None, sample: int = 0, strategy: str = "refine", tokens: int = 1000) -> TrajectoryRecord:
+def record(
+    task: str, variant: str, status: str, speedup: float | None, sample: int = 0, strategy: str = "refine", tokens: int = 1000
+) -> TrajectoryRecord:
     return TrajectoryRecord(
-        task=task, level=1, variant=variant, sample=sample, best_status=status, best_speedup=speedup, best_turn=1,
-        turns=2, compiled=status != "compile_error", tokens=tokens,
-        per_turn=(TurnOutcome(status="compile_error"), TurnOutcome(status=status, speedup=speedup)), strategy=strategy, evals=2,
+        task=task,
+        level=1,
+        variant=variant,
+        sample=sample,
+        best_status=status,
+        best_speedup=speedup,
+        best_turn=1,
+        turns=2,
+        compiled=status != "compile_error",
+        tokens=tokens,
+        per_turn=(TurnOutcome(status="compile_error"), TurnOutcome(status=status, speedup=speedup)),
+        strategy=strategy,
+        evals=2,
     )
 
 
 KNOWN = [
-    ("a", "correct", 2.5), ("b", "correct", 0.5), ("c", "incorrect", None), ("d", "compile_error", None),
+    ("a", "correct", 2.5),
+    ("b", "correct", 0.5),
+    ("c", "incorrect", None),
+    ("d", "compile_error", None),
 ]
 
 
 def known_records(variants: tuple[str, ...] = ("G", "G+E+P+N"), samples: int = 1, strategy: str = "refine") -> list[TrajectoryRecord]:
     return [
         record(f"level1/{t}_{'x' * 30}", v, status, speed, sample=s, strategy=strategy, tokens=1_234_567)
-        for v in variants for s in range(samples) for t, status, speed in KNOWN
+        for v in variants
+        for s in range(samples)
+        for t, status, speed in KNOWN
     ]
 
 
@@ -157,14 +174,20 @@ def test_traces_list_folds_a_long_task_name_and_keeps_every_number() -> None:
     lines = text.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(LONG_TASK[:10]))
     width = len(lines[first].split(" ")[0])
-    spelled = "".join(line[:width].strip() for line in lines[first:first + 6]).replace(" ", "")
+    spelled = "".join(line[:width].strip() for line in lines[first : first + 6]).replace(" ", "")
     assert spelled.startswith(LONG_TASK + "(best-of-n)"), spelled
 
 
 def test_run_turn_lines_wrap_instead_of_cutting() -> None:
     console = console80()
-    attempt = Attempt(turn=3, code=None, reply="no code here", extract_error="the reply had no ```python block " + "x" * 80,
-                      tokens=TokenUsage(prompt=1000, completion=234), phase_seconds={"generate": 12.0})
+    attempt = Attempt(
+        turn=3,
+        code=None,
+        reply="no code here",
+        extract_error="the reply had no ```python block " + "x" * 80,
+        tokens=TokenUsage(prompt=1000, completion=234),
+        phase_seconds={"generate": 12.0},
+    )
     console.print(turn_line(attempt, 10))
     text = console.export_text()
     assert "turn 3/10" in text and "no_code" in text and "1234 tok" in text and "12 s" in text
@@ -172,10 +195,16 @@ def test_run_turn_lines_wrap_instead_of_cutting() -> None:
     assert "…" not in text
 
 
-@pytest.mark.parametrize("args", [
-    ["report", "{run}", "--no-plots"], ["report", "{run}", "--compare", "G", "G+E+P+N"], ["traces", "list", str(V0_RUN)],
-    ["report", "{run}", "--no-plots", "--precisions"], ["report", "{run}", "--compare", "fp32", "bf16", "--precisions"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "{run}", "--no-plots"],
+        ["report", "{run}", "--compare", "G", "G+E+P+N"],
+        ["traces", "list", str(V0_RUN)],
+        ["report", "{run}", "--no-plots", "--precisions"],
+        ["report", "{run}", "--compare", "fp32", "bf16", "--precisions"],
+    ],
+)
 def test_commands_print_whole_tables_to_a_pipe_at_80_columns(args: list[str], tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
@@ -212,7 +241,9 @@ def test_traces_never_imports_bench() -> None:
     for path in (Path(__file__).parent.parent / "traces").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             )
             assert not [n for n in names if n == "bench" or n.startswith("bench.")], f"{path.name} imports {names}"

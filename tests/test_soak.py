@@ -51,15 +51,21 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
     import psutil
 
     parent = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import sys, time\n"
-            "from tools.worker import Worker\n"
-            f"w = Worker(cache_dir={str(tmp_path)!r}, memory_limit_gb=2)\n"
-            "w.start()\n"
-            "print('WORKER', w.pid, flush=True)\n"
-            "time.sleep(600)\n"
-        )],
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\n"
+                "from tools.worker import Worker\n"
+                f"w = Worker(cache_dir={str(tmp_path)!r}, memory_limit_gb=2)\n"
+                "w.start()\n"
+                "print('WORKER', w.pid, flush=True)\n"
+                "time.sleep(600)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         line = ""
@@ -92,8 +98,15 @@ def test_a_reply_with_unicode_line_separators_keeps_its_trace_line(tmp_path: Pat
 
     trajectory = TrajectoryId(task="level1/1_relu", variant="G")
     for turn in (1, 2, 3):
-        record = TurnRecord(run_id="r", trajectory=trajectory, turn=turn, model="m", messages=(),
-                            reply=f"garbage\x85more\u2028and\x1cmore {turn}", started_at="2026-01-01T00:00:00+00:00")
+        record = TurnRecord(
+            run_id="r",
+            trajectory=trajectory,
+            turn=turn,
+            model="m",
+            messages=(),
+            reply=f"garbage\x85more\u2028and\x1cmore {turn}",
+            started_at="2026-01-01T00:00:00+00:00",
+        )
         assert append_turn(tmp_path, record)
     turns = read_trace(trace_path(tmp_path, trajectory))
     assert [t.turn for t in turns] == [1, 2, 3] and turns[1].reply == "garbage\x85more\u2028and\x1cmore 2"
@@ -104,7 +117,7 @@ def test_a_failed_round_is_charged_to_the_error_its_log_ends_with(tmp_path: Path
 
     log = tmp_path / "faulty.log"
     log.write_text(
-        "node=generate turn=1\nTraceback (most recent call last):\n  File \"agent/runner.py\", line 85\n"
+        'node=generate turn=1\nTraceback (most recent call last):\n  File "agent/runner.py", line 85\n'
         "sqlite3.OperationalError: database is locked\n"
     )
     failure = _cause("experiment under faults exited 1", log)

@@ -52,7 +52,7 @@ CPP_MODEL = dedent(
 CPP_CANDIDATE = CPP_HEADER + CPP_MODEL
 
 TRITON_CANDIDATE = dedent(
-    '''
+    """
     import torch
     import torch.nn as nn
     import triton
@@ -79,7 +79,7 @@ TRITON_CANDIDATE = dedent(
     class ModelNew(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return triton_relu(x.contiguous())
-    '''
+    """
 )
 
 
@@ -191,9 +191,7 @@ def test_contextlib_suppress_is_rejected_through_an_alias() -> None:
 
 
 def test_a_docstring_mentioning_try_is_fine() -> None:
-    source = CPP_CANDIDATE.replace(
-        '"""A ReLU in a C++ extension."""', '"""No fallback: we never write try: ... except: here."""'
-    )
+    source = CPP_CANDIDATE.replace('"""A ReLU in a C++ extension."""', '"""No fallback: we never write try: ... except: here."""')
     assert check_candidate(source).ok
 
 
@@ -345,7 +343,7 @@ def test_unbound_load_inline_result_is_explained() -> None:
 
 def test_extension_loaded_in_init_as_self_attribute() -> None:
     source = dedent(
-        '''
+        """
         import torch
         from torch import nn
         from torch.utils import cpp_extension
@@ -359,7 +357,7 @@ def test_extension_loaded_in_init_as_self_attribute() -> None:
 
             def forward(self, x):
                 return self.ext.relu_forward(x)
-        '''
+        """
     )
     assert check_candidate(source, "cuda").ok
     assert kernel_bindings(source) == {"self.ext"}
@@ -438,7 +436,7 @@ def test_kernel_in_an_autograd_function_nested_in_model_new_counts() -> None:
 
 def test_lazily_built_extension_counts() -> None:
     source = dedent(
-        '''
+        """
         import torch
         import torch.nn as nn
         from torch.utils.cpp_extension import load_inline
@@ -454,7 +452,7 @@ def test_lazily_built_extension_counts() -> None:
         class ModelNew(nn.Module):
             def forward(self, x):
                 return get_ext().relu_forward(x)
-        '''
+        """
     )
     assert check_candidate(source).ok
 
@@ -585,9 +583,10 @@ def test_ops_in_a_block_built_in_init_are_reached() -> None:
 
 
 def test_streams_are_warned_about() -> None:
-    source = CPP_CANDIDATE.replace(
-        "    return out;\n}", "    cudaStream_t s;\n    cudaStreamCreate(&s);\n    return out;\n}"
-    ) + "\nSIDE = torch.cuda.Stream()\n"
+    source = (
+        CPP_CANDIDATE.replace("    return out;\n}", "    cudaStream_t s;\n    cudaStreamCreate(&s);\n    return out;\n}")
+        + "\nSIDE = torch.cuda.Stream()\n"
+    )
     report = check_candidate(source)
     assert report.ok
     assert report.warnings == (

@@ -85,15 +85,26 @@ def test_samples_of_a_task_resample_together() -> None:
 
 def _record(task: str, variant: str, status: str, speedup: float | None, sample: int = 0) -> TrajectoryRecord:
     return TrajectoryRecord(
-        task=task, level=1, variant=variant, sample=sample, best_status=status, best_speedup=speedup, best_turn=1,
-        turns=1, compiled=status != "compile_error", tokens=10, per_turn=(TurnOutcome(status=status, speedup=speedup),),
+        task=task,
+        level=1,
+        variant=variant,
+        sample=sample,
+        best_status=status,
+        best_speedup=speedup,
+        best_turn=1,
+        turns=1,
+        compiled=status != "compile_error",
+        tokens=10,
+        per_turn=(TurnOutcome(status=status, speedup=speedup),),
     )
 
 
 def test_report_scores_carry_intervals_that_match_their_values() -> None:
     records = [
-        _record("a", "G", "correct", 2.0), _record("b", "G", "correct", 0.5),
-        _record("c", "G", "incorrect", None), _record("d", "G", "compile_error", None),
+        _record("a", "G", "correct", 2.0),
+        _record("b", "G", "correct", 0.5),
+        _record("c", "G", "incorrect", None),
+        _record("d", "G", "compile_error", None),
     ]
     (s,) = score(records)
     e = s.intervals
@@ -105,7 +116,9 @@ def test_report_scores_carry_intervals_that_match_their_values() -> None:
 
 
 def test_compare_identical_runs_finds_no_difference() -> None:
-    records = [_record(t, "G", s, x) for t, s, x in [("a", "correct", 1.5), ("b", "incorrect", None), ("c", "correct", 0.7), ("d", "correct", 3.0)]]
+    records = [
+        _record(t, "G", s, x) for t, s, x in [("a", "correct", 1.5), ("b", "incorrect", None), ("c", "correct", 0.7), ("d", "correct", 3.0)]
+    ]
     result = compare(Side(label="A", records=records), Side(label="B", records=records), lambda r: (r.task,), "task")
     assert result.pairs == result.tasks == 4
     for m in result.metrics:
@@ -132,8 +145,12 @@ def test_compare_resamples_tasks_not_the_pairs_within_a_task() -> None:
     after = [_record("t", "G", "correct", 2.5), _record("t", "G+E", "correct", 3.0)] + [
         _record("u", v, "correct", 0.1) for v in ("G", "G+E")
     ]
-    result = compare(Side(label="before", records=before), Side(label="after", records=after),
-                     lambda r: (r.task, r.variant, r.strategy), "task, variant and strategy")
+    result = compare(
+        Side(label="before", records=before),
+        Side(label="after", records=after),
+        lambda r: (r.task, r.variant, r.strategy),
+        "task, variant and strategy",
+    )
     assert (result.pairs, result.tasks) == (4, 2)
     geomean = next(m for m in result.metrics if m.metric == "geomean")
     assert geomean.tasks == 1 and not geomean.difference.has_interval, "one task correct on both sides: no interval"

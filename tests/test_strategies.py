@@ -85,16 +85,32 @@ def evaluator(cpu_config: EvalConfig):
         yield ev
 
 
-def make_run(cpu_config: EvalConfig, relu_task: TaskProgram, tmp_path: Path, model: Any, evaluator: Any, strategy: str,
-             turns: int = 5, target: float = 1e9, **search: Any) -> StrategyRun:
+def make_run(
+    cpu_config: EvalConfig,
+    relu_task: TaskProgram,
+    tmp_path: Path,
+    model: Any,
+    evaluator: Any,
+    strategy: str,
+    turns: int = 5,
+    target: float = 1e9,
+    **search: Any,
+) -> StrategyRun:
     config = RunConfig(
         llm=ModelSettings(model="scripted"),
         loop=LoopSettings(variant="G+E", turns=turns, target_speedup=target, hardware_prompt=False),
-        eval=cpu_config, strategy=strategy, search=SearchSettings(**search),
+        eval=cpu_config,
+        strategy=strategy,
+        search=SearchSettings(**search),
     )
     return StrategyRun(
-        task=TaskSpec(name=relu_task.name, source=relu_task.source, level=1), config=config, model=model,
-        evaluator=evaluator, run_dir=tmp_path, trajectory=TrajectoryId(task="relu", variant="G+E"), run_id="t",
+        task=TaskSpec(name=relu_task.name, source=relu_task.source, level=1),
+        config=config,
+        model=model,
+        evaluator=evaluator,
+        run_dir=tmp_path,
+        trajectory=TrajectoryId(task="relu", variant="G+E"),
+        run_id="t",
     )
 
 
@@ -119,8 +135,11 @@ def _node(node_id: str, status: EvalStatus | None, speedup: float | None = None,
 
 def test_seeds_are_the_best_so_far_correct_first() -> None:
     nodes = [
-        _node("a", EvalStatus.COMPILE_ERROR), _node("b", EvalStatus.CORRECT, 0.5), _node("c", EvalStatus.INCORRECT),
-        _node("d", EvalStatus.CORRECT, 2.0), _node("e", None, code=None),
+        _node("a", EvalStatus.COMPILE_ERROR),
+        _node("b", EvalStatus.CORRECT, 0.5),
+        _node("c", EvalStatus.INCORRECT),
+        _node("d", EvalStatus.CORRECT, 2.0),
+        _node("e", None, code=None),
     ]
     assert [n.node_id for n in select_seeds(nodes, 2)] == ["d", "b"]
     assert [n.node_id for n in select_seeds(nodes, 3)] == ["d", "b", "c"], "then the failure closest to correct"
@@ -139,7 +158,9 @@ def test_beam_tree_and_seeding(cpu_config: EvalConfig, evaluator: Evaluator, rel
     second = [r for r in records if r.turn == 2]
     # Round 1: three ideas for the reference, one kernel each, no parent.
     assert [(r.node_id, r.parent_id, r.idea, r.status) for r in first] == [
-        ("r1-00", None, "plain relu", "correct"), ("r1-01", None, "leaky slope", "incorrect"), ("r1-02", None, "double relu", "correct"),
+        ("r1-00", None, "plain relu", "correct"),
+        ("r1-01", None, "leaky slope", "incorrect"),
+        ("r1-02", None, "double relu", "correct"),
     ]
     # Round 2 starts from the W = 2 best of round 1, fastest first: the wrong kernel seeds nothing.
     seeds = sorted(["r1-00", "r1-02"], key=lambda i: by_id[i].speedup or 0.0, reverse=True)
@@ -158,9 +179,9 @@ def test_beam_tree_and_seeding(cpu_config: EvalConfig, evaluator: Evaluator, rel
     assert result.tokens.total == sum(r.tokens.total for r in records), "idea calls are charged to the trace too"
     # The HTML report draws the tree: round-2 kernels nest under their seed, with their ideas.
     html = render_report(load_run(tmp_path), title="beam")
-    tree = html[html.index('<ul class="search-tree">'):]
+    tree = html[html.index('<ul class="search-tree">') :]
     tree = tree[: tree.index("</figure>")]
-    between = tree[tree.index(f"<b>{seeds[0]}</b>"):tree.index("<b>r2-00</b>")]
+    between = tree[tree.index(f"<b>{seeds[0]}</b>") : tree.index("<b>r2-00</b>")]
     assert "<ul>" in between and "</li>" not in between, "r2-00 is drawn inside its seed's item"
     assert tree.count("<li>") == 10 and 'class="idea">leaky slope<' in tree
 
@@ -173,8 +194,9 @@ def test_beam_tree_and_seeding(cpu_config: EvalConfig, evaluator: Evaluator, rel
         ("beam", {"rounds": 3, "ideas": 3, "beam_width": 2}, 5),
     ],
 )
-def test_eval_budget_holds_exactly(strategy: str, search: dict, cap: int, cpu_config: EvalConfig, evaluator: Evaluator,
-                                   relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_eval_budget_holds_exactly(
+    strategy: str, search: dict, cap: int, cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     model = idea_model({}, default=WRONG)  # wrong kernels: the cap, not the target, must stop the run
     counting = CountingEvaluator(evaluator)
     run = make_run(cpu_config, relu_task, tmp_path, model, counting, strategy, turns=3, budget_evals=cap, **search)
@@ -186,8 +208,9 @@ def test_eval_budget_holds_exactly(strategy: str, search: dict, cap: int, cpu_co
 
 
 @pytest.mark.parametrize("strategy", ["refine", "beam"])
-def test_token_budget_stops_before_a_call_past_it(strategy: str, cpu_config: EvalConfig, evaluator: Evaluator,
-                                                  relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_token_budget_stops_before_a_call_past_it(
+    strategy: str, cpu_config: EvalConfig, evaluator: Evaluator, relu_task: TaskProgram, tmp_path: Path
+) -> None:
     model = idea_model({}, default=WRONG)
     cap = 4000
     run = make_run(cpu_config, relu_task, tmp_path, model, evaluator, strategy, turns=10, rounds=5, budget_tokens=cap)
@@ -211,9 +234,18 @@ def test_shared_budget_counts_every_share() -> None:
 def _record(task: str, strategy: str, per_turn: list[tuple[str, float | None]], tokens: int = 100) -> TrajectoryRecord:
     speeds = [s for status, s in per_turn if status == "correct" and s is not None]
     return TrajectoryRecord(
-        task=task, level=1, variant="G+E", sample=0, best_status="correct" if speeds else "incorrect",
-        best_speedup=max(speeds) if speeds else None, best_turn=None, turns=len(per_turn), compiled=True, tokens=tokens,
-        per_turn=tuple(TurnOutcome(status=status, speedup=s) for status, s in per_turn), strategy=strategy,
+        task=task,
+        level=1,
+        variant="G+E",
+        sample=0,
+        best_status="correct" if speeds else "incorrect",
+        best_speedup=max(speeds) if speeds else None,
+        best_turn=None,
+        turns=len(per_turn),
+        compiled=True,
+        tokens=tokens,
+        per_turn=tuple(TurnOutcome(status=status, speedup=s) for status, s in per_turn),
+        strategy=strategy,
         evals=sum(1 for status, _ in per_turn if status != "no_code"),
     )
 
@@ -241,8 +273,10 @@ def test_report_per_strategy_from_known_outcomes() -> None:
 
 
 def test_results_before_strategies_still_read() -> None:
-    old = ('{"task":"level1/1_relu","level":1,"variant":"G+E","sample":0,"best_status":"correct","best_speedup":1.5,'
-           '"best_turn":2,"turns":2,"compiled":true,"tokens":10,"per_turn":[["no_code",null],["correct",1.5]]}')
+    old = (
+        '{"task":"level1/1_relu","level":1,"variant":"G+E","sample":0,"best_status":"correct","best_speedup":1.5,'
+        '"best_turn":2,"turns":2,"compiled":true,"tokens":10,"per_turn":[["no_code",null],["correct",1.5]]}'
+    )
     record = read_result(old)
     assert record.strategy == "refine" and record.evaluations == 1 and record.key == ("level1/1_relu", "G+E", 0)
 
@@ -256,8 +290,15 @@ def test_experiment_compares_strategies_at_equal_cost(tmp_path: Path, cache_dir:
     solution = (Path(__file__).parent / "fixtures" / "cpu_solutions" / "1_relu_slow.py").read_text()
     model = ScriptedChatModel(responses=[AIMessage(content=f"1. use OpenMP\n2. unroll\n```python\n{solution}```\n")])
     config = ExperimentConfig(
-        levels=[1], tasks="1_relu", variants=["G+E"], turns=3, target_speedup=1e9, hardware_prompt=False, workers=1,
-        concurrency=3, strategies=["refine", "best-of-n", "beam"],
+        levels=[1],
+        tasks="1_relu",
+        variants=["G+E"],
+        turns=3,
+        target_speedup=1e9,
+        hardware_prompt=False,
+        workers=1,
+        concurrency=3,
+        strategies=["refine", "best-of-n", "beam"],
         search=SearchSettings(n=2, rounds=2, ideas=2, beam_width=1, budget_evals=2),
         llm=ModelSettings(model="scripted:x"),
         eval=EvalConfig(trials=5, warmup=1, correctness_trials=2, time_compiled_reference=False, cache_dir=cache_dir),
@@ -268,8 +309,10 @@ def test_experiment_compares_strategies_at_equal_cost(tmp_path: Path, cache_dir:
     assert sorted(records) == ["beam", "best-of-n", "refine"]
     assert {s: (r.evals, r.best_status) for s, r in records.items()} == dict.fromkeys(records, (2, "correct"))
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
-        "level1__1_relu__GE__s0.jsonl", "level1__1_relu__GE__s0__beam.jsonl",
-        "level1__1_relu__GE__s0__best-of-n.jsonl", "level1__1_relu__GE__s1__best-of-n.jsonl",
+        "level1__1_relu__GE__s0.jsonl",
+        "level1__1_relu__GE__s0__beam.jsonl",
+        "level1__1_relu__GE__s0__best-of-n.jsonl",
+        "level1__1_relu__GE__s1__best-of-n.jsonl",
     ]
     report(tmp_path, plots=True)
     assert (tmp_path / "plots" / "best_by_evals.png").exists() and (tmp_path / "strategies.json").exists()

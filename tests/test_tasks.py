@@ -76,7 +76,7 @@ def test_builtin_task_runs_at_cpu_size(task: Task, one_thread):
 
 @pytest.mark.parametrize("task", BUILTIN, ids=lambda t: t.key)
 def test_builtin_task_is_device_neutral_and_sized_for_cuda(task: Task):
-    assert ".cuda(" not in task.source and "device=\"cuda\"" not in task.source
+    assert ".cuda(" not in task.source and 'device="cuda"' not in task.source
     assert "cuda" in task.sizes, f"{task.key} has no GPU size"
 
 
@@ -350,8 +350,7 @@ def write_task(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "level1" / "1_task.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        "import torch\nclass Model(torch.nn.Module):\n    pass\n"
-        "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n"
+        "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n"
     )
     path.write_text(header + textwrap.dedent(body))
     return path

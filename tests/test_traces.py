@@ -74,8 +74,13 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cpu_config: EvalConfig, re
                 eval=cpu_config,
             )
             run_trajectory(
-                TaskSpec(name=task.name, source=task.source, level=1), config, scripted_model(replies), evaluator,
-                root, TrajectoryId(task=key, variant=variant), run_id="traces-test",
+                TaskSpec(name=task.name, source=task.source, level=1),
+                config,
+                scripted_model(replies),
+                evaluator,
+                root,
+                TrajectoryId(task=key, variant=variant),
+                run_id="traces-test",
             )
     return root
 
@@ -207,7 +212,8 @@ def test_feedback_is_the_part_about_the_previous_attempt(run_dir: Path) -> None:
 def test_bare_task_names_must_be_unambiguous(run_dir: Path) -> None:
     (relu,) = find_trajectories(load_run(run_dir), "relu", variant="G+E")
     other_level = Trajectory(
-        id=TrajectoryId(task="level2/relu", variant="G+E"), path=relu.path,
+        id=TrajectoryId(task="level2/relu", variant="G+E"),
+        path=relu.path,
         records=tuple(r.model_copy(update={"trajectory": TrajectoryId(task="level2/relu", variant="G+E")}) for r in relu.records),
     )
     assert resolve_task([relu, other_level], "level2/relu") == "level2/relu"
@@ -331,8 +337,14 @@ def chromium() -> str:
 
 def headless(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
         f"--user-data-dir={profile}",
     ]
     return subprocess.run([binary, *flags, *args], capture_output=True, timeout=180, check=False)
@@ -349,7 +361,9 @@ def test_report_renders_in_chromium(report: Path, tmp_path: Path) -> None:
     assert len(dom.having("table", id="fast-p")) == 1
     trajectories = dom.having("article", class_="trajectory")
     assert [(t["data-task"], t["data-variant"]) for t in trajectories] == [
-        ("level1/relu", "G+E"), ("level1/relu", "G+E+P"), ("level1/small_relu", "G+E"),
+        ("level1/relu", "G+E"),
+        ("level1/relu", "G+E+P"),
+        ("level1/small_relu", "G+E"),
     ]
     assert len(dom.having("details", class_="turn")) == 7
     assert dom.having("circle", class_="point")

@@ -31,8 +31,16 @@ def test_the_vocabulary_is_the_evaluators_plus_no_code_and_unfinished() -> None:
 
 def test_one_rank_order_best_to_worst() -> None:
     assert sorted(Verdict, key=lambda v: v.rank, reverse=True) == [
-        Verdict.CORRECT, Verdict.INCORRECT, Verdict.RUNTIME_ERROR, Verdict.CUDA_FAULT, Verdict.OOM, Verdict.TIMEOUT,
-        Verdict.COMPILE_ERROR, Verdict.REJECTED, Verdict.UNFINISHED, Verdict.NO_CODE,
+        Verdict.CORRECT,
+        Verdict.INCORRECT,
+        Verdict.RUNTIME_ERROR,
+        Verdict.CUDA_FAULT,
+        Verdict.OOM,
+        Verdict.TIMEOUT,
+        Verdict.COMPILE_ERROR,
+        Verdict.REJECTED,
+        Verdict.UNFINISHED,
+        Verdict.NO_CODE,
     ]
     assert len({v.rank for v in Verdict}) == len(Verdict), "no two verdicts tie"
     assert min(v.rank for v in Verdict if v.compiled) > max(v.rank for v in Verdict if not v.compiled)
@@ -40,15 +48,28 @@ def test_one_rank_order_best_to_worst() -> None:
     assert best_verdict([]) is Verdict.NO_CODE
 
 
-@pytest.mark.parametrize("result", [
-    None,  # the evaluation never came back
-    EvalResult(status=None),  # the steps run so far passed
-    EvalResult(status=EvalStatus.CORRECT),  # correct but never timed
-], ids=["no-result", "no-status", "untimed"])
+@pytest.mark.parametrize(
+    "result",
+    [
+        None,  # the evaluation never came back
+        EvalResult(status=None),  # the steps run so far passed
+        EvalResult(status=EvalStatus.CORRECT),  # correct but never timed
+    ],
+    ids=["no-result", "no-status", "untimed"],
+)
 def test_code_without_a_final_verdict_is_unfinished_everywhere(result: EvalResult | None, tmp_path: Path) -> None:
     attempt = Attempt(turn=1, reply="```python\nx\n```", code="x", result=result)
-    record = TurnRecord(run_id="r", trajectory=TRAJECTORY, turn=1, model="m", messages=(), reply=attempt.reply,
-                        code=attempt.code, result=result, started_at="")
+    record = TurnRecord(
+        run_id="r",
+        trajectory=TRAJECTORY,
+        turn=1,
+        model="m",
+        messages=(),
+        reply=attempt.reply,
+        code=attempt.code,
+        result=result,
+        started_at="",
+    )
     assert attempt.verdict is record.status is Verdict.UNFINISHED
     assert summarise(Trajectory(id=TRAJECTORY, path=tmp_path, records=(record,))).best_status is Verdict.UNFINISHED
     task = Task(name="1_relu", level=1, path=tmp_path / "1_relu.py", source="")
@@ -69,7 +90,8 @@ def test_the_loop_and_the_traces_agree_on_every_evaluator_status() -> None:
     for status in EvalStatus:
         result = EvalResult(status=status, timing=TIMED if status is EvalStatus.CORRECT else None)
         attempt = Attempt(turn=1, code="x", result=result)
-        record = TurnRecord(run_id="r", trajectory=TRAJECTORY, turn=1, model="m", messages=(), reply="", code="x",
-                            result=result, started_at="")
+        record = TurnRecord(
+            run_id="r", trajectory=TRAJECTORY, turn=1, model="m", messages=(), reply="", code="x", result=result, started_at=""
+        )
         assert attempt.verdict is record.status is Verdict(status.value)
     assert Attempt(turn=1).verdict is Verdict.NO_CODE

@@ -263,9 +263,7 @@ class CompileCache:
         started = time.perf_counter()
         try:
             with _build_lock(build_dir):
-                module = _ORIGINAL_LOAD_INLINE(
-                    name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **kwargs
-                )
+                module = _ORIGINAL_LOAD_INLINE(name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **kwargs)
         except RuntimeError as exc:
             text = str(exc)
             if "Error building extension" not in text:

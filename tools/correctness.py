@@ -43,16 +43,83 @@ DISTRIBUTION_NAMES = {"normal": "a signed standard normal", "normal_x4": "a sign
 
 # aten ops that move, view or allocate data; everything else counts as compute.
 _NON_COMPUTE = {
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
-    "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "fill", "fill_",
-    "zero_", "view", "_unsafe_view", "reshape", "_reshape_alias", "contiguous", "clone", "copy_",
-    "copy", "_to_copy", "to", "t", "transpose", "permute", "expand", "as_strided", "detach", "alias",
-    "select", "slice", "unsqueeze", "squeeze", "unbind", "split", "split_with_sizes", "chunk",
-    "narrow", "flatten", "unflatten", "lift_fresh", "resize_", "set_", "is_nonzero", "item",
-    "_local_scalar_dense", "arange", "rand", "randn", "normal_", "uniform_", "random_", "randint",
-    "bernoulli_", "stride", "size", "numel", "dim", "sym_size", "sym_stride", "sym_numel",
-    "_has_compatible_shallow_copy_type", "record_stream", "cat", "stack", "index_select",
-    "_reshape_copy", "view_as", "expand_as", "repeat", "result_type", "scalar_tensor",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "fill",
+    "fill_",
+    "zero_",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "_reshape_alias",
+    "contiguous",
+    "clone",
+    "copy_",
+    "copy",
+    "_to_copy",
+    "to",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "as_strided",
+    "detach",
+    "alias",
+    "select",
+    "slice",
+    "unsqueeze",
+    "squeeze",
+    "unbind",
+    "split",
+    "split_with_sizes",
+    "chunk",
+    "narrow",
+    "flatten",
+    "unflatten",
+    "lift_fresh",
+    "resize_",
+    "set_",
+    "is_nonzero",
+    "item",
+    "_local_scalar_dense",
+    "arange",
+    "rand",
+    "randn",
+    "normal_",
+    "uniform_",
+    "random_",
+    "randint",
+    "bernoulli_",
+    "stride",
+    "size",
+    "numel",
+    "dim",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "_has_compatible_shallow_copy_type",
+    "record_stream",
+    "cat",
+    "stack",
+    "index_select",
+    "_reshape_copy",
+    "view_as",
+    "expand_as",
+    "repeat",
+    "result_type",
+    "scalar_tensor",
 }
 
 
@@ -227,8 +294,7 @@ def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "
         if high > low and bool((act == first_value).all()):
             value = float(first_value)
             reason = (
-                f"{which} is all zeros; the reference is not" if value == 0
-                else f"{which} is constant ({value:.6g}); the reference is not"
+                f"{which} is all zeros; the reference is not" if value == 0 else f"{which} is constant ({value:.6g}); the reference is not"
             )
     mism = _mismatches(exp, act, bad) if n_bad else ()
     return Comparison(not reason, reason, max_abs, mean_abs, rel_l2, mism)
@@ -239,9 +305,7 @@ def _inputs_changed(before: list[Any], after: list[Any]) -> str:
         if isinstance(b, torch.Tensor):
             # torch.equal alone (one read pass) settles the common case; NaN never equals itself,
             # so only a mismatch pays for the NaN-aware copies.
-            same = b.shape == a.shape and (
-                bool(torch.equal(b, a)) or bool(torch.equal(b.nan_to_num(nan=0.5), a.nan_to_num(nan=0.5)))
-            )
+            same = b.shape == a.shape and (bool(torch.equal(b, a)) or bool(torch.equal(b.nan_to_num(nan=0.5), a.nan_to_num(nan=0.5))))
             if not same:
                 return f"the candidate modified input {i} in place; inputs must be left unchanged"
     return ""
@@ -259,8 +323,14 @@ def _fail(trial: int, seed: int, reason: str, cmp: Comparison | None = None) -> 
     if cmp is None:
         return TrialOutcome(trial=trial, seed=seed, passed=False, reason=reason)
     return TrialOutcome(
-        trial=trial, seed=seed, passed=False, reason=reason, max_abs_diff=cmp.max_abs,
-        mean_abs_diff=cmp.mean_abs, rel_l2=cmp.rel_l2, mismatches=cmp.mismatches,
+        trial=trial,
+        seed=seed,
+        passed=False,
+        reason=reason,
+        max_abs_diff=cmp.max_abs,
+        mean_abs_diff=cmp.mean_abs,
+        rel_l2=cmp.rel_l2,
+        mismatches=cmp.mismatches,
     )
 
 
@@ -269,7 +339,13 @@ class Rejected(Exception):
 
 
 def _judge_call(
-    program: Program, ref_model: Any, new_model: Any, inputs: list[Any], cfg: EvalConfig, ctx: TrialContext, record_ops: bool,
+    program: Program,
+    ref_model: Any,
+    new_model: Any,
+    inputs: list[Any],
+    cfg: EvalConfig,
+    ctx: TrialContext,
+    record_ops: bool,
     atol_by_rms: bool = False,
 ) -> tuple[Comparison, set[str], set[str]]:
     """One reference call and one candidate call on the same inputs, with every guard applied."""
@@ -334,7 +410,9 @@ class _Null:
         return None
 
 
-def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, ctx: TrialContext, record_ops: bool) -> tuple[TrialOutcome, set[str], set[str]]:
+def run_trial(
+    program: Program, cfg: EvalConfig, trial: int, seed: int, ctx: TrialContext, record_ops: bool
+) -> tuple[TrialOutcome, set[str], set[str]]:
     """Fresh weights from the trial's seed, then two calls of the same instance on two fresh
     input sets: an output cached inside the instance fails the second call."""
     ref_model = program.reference(seed)
@@ -352,7 +430,9 @@ def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, ctx: Tri
             return _fail(trial, seed, reason, cmp), ref_ops, new_ops
         if cmp.max_abs >= worst.max_abs:
             worst = cmp
-    outcome = TrialOutcome(trial=trial, seed=seed, passed=True, max_abs_diff=worst.max_abs, mean_abs_diff=worst.mean_abs, rel_l2=worst.rel_l2)
+    outcome = TrialOutcome(
+        trial=trial, seed=seed, passed=True, max_abs_diff=worst.max_abs, mean_abs_diff=worst.mean_abs, rel_l2=worst.rel_l2
+    )
     return outcome, ref_ops, new_ops
 
 
@@ -380,7 +460,9 @@ def _distribution_skip(program: Program, ref_model: Any, seed: int, distribution
     return ""
 
 
-def check_distributions(program: Program, cfg: EvalConfig, ctx: TrialContext, first_seed: int) -> tuple[tuple[DistributionOutcome, ...], TrialOutcome | None]:
+def check_distributions(
+    program: Program, cfg: EvalConfig, ctx: TrialContext, first_seed: int
+) -> tuple[tuple[DistributionOutcome, ...], TrialOutcome | None]:
     """One call per extra distribution, each with fresh weights; the first failure ends it."""
     outcomes: list[DistributionOutcome] = []
     for k, name in enumerate(cfg.guards.input_distributions):
@@ -432,9 +514,18 @@ def check_correctness(
 
     def failed(outcome: TrialOutcome, trial: int | None, distributions: tuple[DistributionOutcome, ...] = ()) -> CorrectnessReport:
         return CorrectnessReport(
-            passed=False, trials=n, atol=tol.atol, rtol=tol.rtol, failed_trial=trial, reason=outcome.reason,
-            max_abs_diff=outcome.max_abs_diff, mean_abs_diff=outcome.mean_abs_diff, rel_l2=outcome.rel_l2,
-            mismatches=outcome.mismatches, outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
+            passed=False,
+            trials=n,
+            atol=tol.atol,
+            rtol=tol.rtol,
+            failed_trial=trial,
+            reason=outcome.reason,
+            max_abs_diff=outcome.max_abs_diff,
+            mean_abs_diff=outcome.mean_abs_diff,
+            rel_l2=outcome.rel_l2,
+            mismatches=outcome.mismatches,
+            outcomes=tuple(outcomes),
+            torch_ops_in_candidate=tuple(sorted(torch_ops)),
             distributions=distributions,
         )
 
@@ -462,8 +553,15 @@ def check_correctness(
         if cfg.guards.min_kernel_share > 0:
             share = kernel_share(program, cfg, reference_ops)
     return CorrectnessReport(
-        passed=True, trials=n, atol=tol.atol, rtol=tol.rtol,
-        max_abs_diff=max(o.max_abs_diff for o in outcomes), mean_abs_diff=sum(o.mean_abs_diff for o in outcomes) / n,
-        rel_l2=max(o.rel_l2 for o in outcomes), outcomes=tuple(outcomes), torch_ops_in_candidate=tuple(sorted(torch_ops)),
-        distributions=distributions, kernel_share=share,
+        passed=True,
+        trials=n,
+        atol=tol.atol,
+        rtol=tol.rtol,
+        max_abs_diff=max(o.max_abs_diff for o in outcomes),
+        mean_abs_diff=sum(o.mean_abs_diff for o in outcomes) / n,
+        rel_l2=max(o.rel_l2 for o in outcomes),
+        outcomes=tuple(outcomes),
+        torch_ops_in_candidate=tuple(sorted(torch_ops)),
+        distributions=distributions,
+        kernel_share=share,
     )

@@ -83,7 +83,9 @@ class Evaluator:
             static = self.static(candidate)
             seconds[Stage.STATIC.value] = time.perf_counter() - started
             if not static.ok:
-                return EvalResult(**self._setting, status=EvalStatus.REJECTED, message="\n".join(static.rejections), static=static, stage_seconds=seconds)
+                return EvalResult(
+                    **self._setting, status=EvalStatus.REJECTED, message="\n".join(static.rejections), static=static, stage_seconds=seconds
+                )
         worker_stages = tuple(s for s in stage_set if s is not Stage.STATIC)
         if not worker_stages:
             return EvalResult(**self._setting, status=None, static=static, stage_seconds=seconds)
@@ -97,9 +99,18 @@ class Evaluator:
         if status is None and Stage.CORRECTNESS in worker_stages:
             status = EvalStatus.CORRECT
         result = EvalResult(
-            **self._setting, status=status, message=reply.message, static=static, compile=reply.compile,
-            correctness=reply.correctness, timing=reply.timing, profile=reply.profile, stage_seconds=seconds,
+            **self._setting,
+            status=status,
+            message=reply.message,
+            static=static,
+            compile=reply.compile,
+            correctness=reply.correctness,
+            timing=reply.timing,
+            profile=reply.profile,
+            stage_seconds=seconds,
             worker_log=printed[-2000:] if reply.failure else "",
         )
-        log.info("evaluated", task=task.name, stages=[s.value for s in worker_stages], status=result.status.value if result.status else "passed")
+        log.info(
+            "evaluated", task=task.name, stages=[s.value for s in worker_stages], status=result.status.value if result.status else "passed"
+        )
         return result

@@ -4,9 +4,16 @@ of the pipe: the worker classifies exceptions, the parent classifies a worker's 
 from __future__ import annotations
 
 CUDA_FAULT_MARKERS = (
-    "illegal memory access", "CUDA error", "device-side assert", "unspecified launch failure",
-    "misaligned address", "CUBLAS_STATUS_EXECUTION_FAILED", "an illegal instruction",
-    "CUDA driver error", "cudaErrorIllegalAddress", "AcceleratorError",
+    "illegal memory access",
+    "CUDA error",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+    "an illegal instruction",
+    "CUDA driver error",
+    "cudaErrorIllegalAddress",
+    "AcceleratorError",
 )
 OOM_MARKERS = ("out of memory", "can't allocate memory", "std::bad_alloc", "Cannot allocate memory")
 

@@ -25,14 +25,42 @@ from tools.results import KernelShare
 CUSTOM_PREFIXES = ("kernel::", "triton::")
 LIBRARY_OPS = frozenset(
     {
-        "mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "mv", "addmv", "dot", "vdot",
-        "einsum", "tensordot", "_scaled_mm", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
-        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cudnn_convolution",
-        "mkldnn_convolution", "_mkldnn_convolution", "cudnn_convolution_transpose",
-        "_convolution_mode", "_nnpack_spatial_convolution", "_slow_conv2d_forward",
-        "slow_conv3d_forward", "slow_conv_transpose2d", "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "mm",
+        "bmm",
+        "addmm",
+        "addbmm",
+        "baddbmm",
+        "matmul",
+        "linear",
+        "mv",
+        "addmv",
+        "dot",
+        "vdot",
+        "einsum",
+        "tensordot",
+        "_scaled_mm",
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "_mkldnn_convolution",
+        "cudnn_convolution_transpose",
+        "_convolution_mode",
+        "_nnpack_spatial_convolution",
+        "_slow_conv2d_forward",
+        "slow_conv3d_forward",
+        "slow_conv_transpose2d",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
     }
 )
 
@@ -68,7 +96,10 @@ def split_events(events: list[Any], cuda: bool, non_compute: frozenset[str]) -> 
 
 
 def measure_kernel_share(
-    fn: Callable[..., Any], arg_sets: list[list[Any]], device: torch.device, non_compute: frozenset[str],
+    fn: Callable[..., Any],
+    arg_sets: list[list[Any]],
+    device: torch.device,
+    non_compute: frozenset[str],
     reference_ops: set[str],
 ) -> KernelShare:
     """Profile one call per argument set after the first (an unprofiled warm-up) and split their
@@ -84,7 +115,9 @@ def measure_kernel_share(
     library_is_fair = bool(reference_ops - LIBRARY_OPS) and bool(reference_ops & LIBRARY_OPS)
     judged_total = custom + aten + (0.0 if library_is_fair else library)
     return KernelShare(
-        custom_ms=custom, aten_ms=aten, library_ms=library,
+        custom_ms=custom,
+        aten_ms=aten,
+        library_ms=library,
         share=custom / everything if everything > 0 else 1.0,
         judged_share=custom / judged_total if judged_total > 0 else 1.0,
     )

@@ -88,8 +88,7 @@ def parse_raw_csv(text: str) -> tuple[KernelCounters, ...]:
                 occupancy_pct=_number(get(row, "sm__warps_active.avg.pct_of_peak_sustained_active")),
                 registers=int(_number(get(row, "launch__registers_per_thread"))),
                 shared_bytes=int(
-                    _number(get(row, "launch__shared_mem_per_block_static"))
-                    + _number(get(row, "launch__shared_mem_per_block_dynamic"))
+                    _number(get(row, "launch__shared_mem_per_block_static")) + _number(get(row, "launch__shared_mem_per_block_dynamic"))
                 ),
                 top_stall=top,
                 top_stall_ratio=stalls.get(top, 0.0),
@@ -110,9 +109,7 @@ def _unavailable(reason: str) -> NsightReport:
 
 
 def profile_with_ncu(task: TaskProgram, candidate: str, config: EvalConfig, timeout_s: float = 300.0) -> NsightReport:
-    ncu = shutil.which("ncu") or next(
-        (str(p) for p in sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu")) if p.exists()), None
-    )
+    ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu")) if p.exists()), None)
     if ncu is None:
         return _unavailable("ncu is not installed or not on PATH")
     if config.device != "cuda":
@@ -124,9 +121,24 @@ def profile_with_ncu(task: TaskProgram, candidate: str, config: EvalConfig, time
         task_file.write_text(task.source)
         cand_file.write_text(candidate)
         cmd = [
-            ncu, "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
-            *[arg for s in SECTIONS for arg in ("--section", s)], "--csv", "--page", "raw",
-            sys.executable, "-m", "tools.ncu_target", str(task_file), str(cand_file), "--cache-dir", str(config.cache_dir),
+            ncu,
+            "--clock-control",
+            "none",
+            "--profile-from-start",
+            "off",
+            "--target-processes",
+            "all",
+            *[arg for s in SECTIONS for arg in ("--section", s)],
+            "--csv",
+            "--page",
+            "raw",
+            sys.executable,
+            "-m",
+            "tools.ncu_target",
+            str(task_file),
+            str(cand_file),
+            "--cache-dir",
+            str(config.cache_dir),
         ]
         env = sandbox.scrubbed_env(PYTHONPATH=root, HOME=tmp, TORCH_EXTENSIONS_DIR=str(config.cache_dir / "extensions"))
         try:

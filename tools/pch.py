@@ -45,9 +45,17 @@ def header_cflags(extra_cflags: tuple[str, ...] = PCH_FLAGS) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         ninja = Path(tmp) / "build.ninja"
         cpp_extension._write_ninja_file_to_build_library(  # the one place torch assembles them
-            path=str(ninja), name="probe", sources=[str(Path(tmp) / "main.cpp")], extra_cflags=list(extra_cflags),
-            extra_cuda_cflags=[], extra_sycl_cflags=[], extra_ldflags=[], extra_include_paths=[], with_cuda=False,
-            with_sycl=False, is_standalone=False,
+            path=str(ninja),
+            name="probe",
+            sources=[str(Path(tmp) / "main.cpp")],
+            extra_cflags=list(extra_cflags),
+            extra_cuda_cflags=[],
+            extra_sycl_cflags=[],
+            extra_ldflags=[],
+            extra_include_paths=[],
+            with_cuda=False,
+            with_sycl=False,
+            is_standalone=False,
         )
         line = next(raw for raw in ninja.read_text().splitlines() if raw.startswith("cflags = "))
     return [f for f in shlex.split(line.removeprefix("cflags = ")) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
@@ -80,7 +88,9 @@ def _uses_header(directory: Path, cflags: list[str]) -> bool:
         probe.write_text(f"#include <{_HEADER}>\n#include <{_HEADER}>\nint probe() {{ return 0; }}\n")
         done = subprocess.run(
             [_compiler(), "-I", str(directory), *cflags, "-fsyntax-only", "-H", str(probe)],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
     return done.returncode == 0 and bool(re.search(r"^! .*extension\.h\.gch$", done.stderr, re.MULTILINE))
 

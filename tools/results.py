@@ -126,9 +126,7 @@ class CorrectnessReport(Frozen):
             extra = [d.name for d in self.distributions if d.passed]
             also = f" and on {', '.join(extra)} inputs" if extra else ""
             return f"passed {self.trials} trials{also} (max |diff| {self.max_abs_diff:.3g})"
-        where = "; ".join(
-            f"at {list(m.index)} expected {m.expected:.6g} got {m.actual:.6g}" for m in self.mismatches[:3]
-        )
+        where = "; ".join(f"at {list(m.index)} expected {m.expected:.6g} got {m.actual:.6g}" for m in self.mismatches[:3])
         head = f"trial {self.failed_trial}: {self.reason}" if self.failed_trial is not None else self.reason
         stats = f"max |diff| {self.max_abs_diff:.4g}, mean |diff| {self.mean_abs_diff:.4g}, rel L2 {self.rel_l2:.3g}"
         return f"{head} ({stats})" + (f"; {where}" if where else "")
@@ -265,10 +263,7 @@ class EvalResult(Frozen):
     def headline(self) -> str:
         if self.status is EvalStatus.CORRECT and self.timing is not None:
             t = self.timing
-            return (
-                f"correct: {t.candidate.median:.3f} ms vs reference {t.reference.median:.3f} ms "
-                f"(speedup {t.speedup:.2f}x)"
-            )
+            return f"correct: {t.candidate.median:.3f} ms vs reference {t.reference.median:.3f} ms (speedup {t.speedup:.2f}x)"
         if self.status is None:
             return "passed so far"
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""

@@ -21,22 +21,16 @@ LOAD_FUNCTIONS = frozenset({"torch.utils.cpp_extension.load_inline", "torch.util
 # Names that mean a module even when the candidate forgot to import them.
 ROOT_MODULES = frozenset({"torch", "time", "timeit", "triton", "os", "sys"})
 
-FORBIDDEN_MODULES = frozenset(
-    {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "signal", "socket", "ctypes", "pty"}
-)
+FORBIDDEN_MODULES = frozenset({"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "signal", "socket", "ctypes", "pty"})
 FORBIDDEN_SUBMODULES = frozenset({"torch.multiprocessing"})
 
-OS_PROCESS_CALLS = frozenset(
-    {"fork", "forkpty", "system", "popen", "kill", "killpg", "posix_spawn", "posix_spawnp", "_exit", "abort"}
-)
+OS_PROCESS_CALLS = frozenset({"fork", "forkpty", "system", "popen", "kill", "killpg", "posix_spawn", "posix_spawnp", "_exit", "abort"})
 OS_ENVIRONMENT = frozenset({"os.environ", "os.environb", "os.getenv", "os.getenvb", "os.putenv", "os.unsetenv"})
 
 DYNAMIC_CODE = frozenset({"exec", "eval", "compile", "__import__"})
 DYNAMIC_IMPORTS = frozenset({"importlib.import_module", "importlib.__import__"})
 
-SYS_MODULES_MUTATORS = frozenset(
-    {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
-)
+SYS_MODULES_MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"})
 
 STREAM_CLASSES = frozenset({"torch.cuda.Stream", "torch.Stream", "torch.cuda.ExternalStream"})
 STREAM_SOURCE_CALLS = ("cudaStreamCreate", "getStreamFromPool")
@@ -44,41 +38,192 @@ STREAM_SOURCE_CALLS = ("cudaStreamCreate", "getStreamFromPool")
 # Allocation, shape and bookkeeping calls: they move no data through a compute kernel.
 NON_COMPUTE = frozenset(
     {
-        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
-        "full_like", "arange", "tensor", "as_tensor", "as_strided", "from_numpy", "view", "view_as",
-        "reshape", "reshape_as", "contiguous", "size", "shape", "permute", "transpose", "t", "flatten",
-        "unflatten", "unsqueeze", "squeeze", "movedim", "swapaxes", "to", "float", "half", "double",
-        "bfloat16", "int", "long", "bool", "type", "type_as", "numel", "dim", "stride", "storage_offset",
-        "data_ptr", "is_contiguous", "cuda", "cpu", "new_empty", "new_zeros", "new_ones", "new_full",
-        "new_tensor", "expand", "expand_as", "broadcast_to", "broadcast_tensors", "broadcast_shapes",
-        "chunk", "split", "unbind", "narrow", "select", "detach", "clone", "copy_", "fill_", "zero_",
-        "requires_grad_", "element_size", "item", "tolist", "get_device", "device", "is_tensor",
-        "is_floating_point", "result_type", "promote_types", "get_default_dtype", "finfo", "iinfo",
-        "manual_seed", "no_grad", "inference_mode", "set_grad_enabled", "enable_grad", "compile",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "full",
+        "full_like",
+        "arange",
+        "tensor",
+        "as_tensor",
+        "as_strided",
+        "from_numpy",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "contiguous",
+        "size",
+        "shape",
+        "permute",
+        "transpose",
+        "t",
+        "flatten",
+        "unflatten",
+        "unsqueeze",
+        "squeeze",
+        "movedim",
+        "swapaxes",
+        "to",
+        "float",
+        "half",
+        "double",
+        "bfloat16",
+        "int",
+        "long",
+        "bool",
+        "type",
+        "type_as",
+        "numel",
+        "dim",
+        "stride",
+        "storage_offset",
+        "data_ptr",
+        "is_contiguous",
+        "cuda",
+        "cpu",
+        "new_empty",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "new_tensor",
+        "expand",
+        "expand_as",
+        "broadcast_to",
+        "broadcast_tensors",
+        "broadcast_shapes",
+        "chunk",
+        "split",
+        "unbind",
+        "narrow",
+        "select",
+        "detach",
+        "clone",
+        "copy_",
+        "fill_",
+        "zero_",
+        "requires_grad_",
+        "element_size",
+        "item",
+        "tolist",
+        "get_device",
+        "device",
+        "is_tensor",
+        "is_floating_point",
+        "result_type",
+        "promote_types",
+        "get_default_dtype",
+        "finfo",
+        "iinfo",
+        "manual_seed",
+        "no_grad",
+        "inference_mode",
+        "set_grad_enabled",
+        "enable_grad",
+        "compile",
     }
 )
 NON_COMPUTE_TORCH_PREFIXES = (
-    "torch.cuda.", "torch.utils.", "torch.backends.", "torch.autograd.", "torch.library.",
-    "torch.nn.init.", "torch.jit.", "torch.compiler.", "torch.testing.",
+    "torch.cuda.",
+    "torch.utils.",
+    "torch.backends.",
+    "torch.autograd.",
+    "torch.library.",
+    "torch.nn.init.",
+    "torch.jit.",
+    "torch.compiler.",
+    "torch.testing.",
 )
 
 # Methods called on a value of unknown type count as PyTorch ops only when they are tensor compute.
 TENSOR_COMPUTE_METHODS = frozenset(
     {
-        "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "dot", "outer", "einsum",
-        "softmax", "log_softmax", "sum", "mean", "max", "min", "amax", "amin", "argmax", "argmin",
-        "prod", "cumsum", "cumprod", "logsumexp", "norm", "var", "std", "relu", "relu_", "sigmoid",
-        "sigmoid_", "tanh", "tanh_", "exp", "exp_", "log", "log_", "sqrt", "rsqrt", "pow", "abs",
-        "neg", "reciprocal", "sin", "cos", "erf", "clamp", "clamp_", "clamp_min", "clamp_max", "add",
-        "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "maximum", "minimum", "where",
-        "masked_fill", "masked_fill_", "square", "lerp", "sort", "topk", "gather", "scatter",
-        "scatter_add", "index_select", "addcmul", "addcdiv", "floor", "ceil", "round", "sign",
+        "matmul",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "addbmm",
+        "mv",
+        "dot",
+        "outer",
+        "einsum",
+        "softmax",
+        "log_softmax",
+        "sum",
+        "mean",
+        "max",
+        "min",
+        "amax",
+        "amin",
+        "argmax",
+        "argmin",
+        "prod",
+        "cumsum",
+        "cumprod",
+        "logsumexp",
+        "norm",
+        "var",
+        "std",
+        "relu",
+        "relu_",
+        "sigmoid",
+        "sigmoid_",
+        "tanh",
+        "tanh_",
+        "exp",
+        "exp_",
+        "log",
+        "log_",
+        "sqrt",
+        "rsqrt",
+        "pow",
+        "abs",
+        "neg",
+        "reciprocal",
+        "sin",
+        "cos",
+        "erf",
+        "clamp",
+        "clamp_",
+        "clamp_min",
+        "clamp_max",
+        "add",
+        "add_",
+        "sub",
+        "sub_",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "maximum",
+        "minimum",
+        "where",
+        "masked_fill",
+        "masked_fill_",
+        "square",
+        "lerp",
+        "sort",
+        "topk",
+        "gather",
+        "scatter",
+        "scatter_add",
+        "index_select",
+        "addcmul",
+        "addcdiv",
+        "floor",
+        "ceil",
+        "round",
+        "sign",
     }
 )
 # nn modules that hold no compute worth a kernel, or are containers called element by element.
 NON_COMPUTE_MODULES = frozenset(
-    {"Identity", "Flatten", "Unflatten", "Parameter", "ParameterList", "ParameterDict", "ModuleList",
-     "ModuleDict", "Buffer"}
+    {"Identity", "Flatten", "Unflatten", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict", "Buffer"}
 )
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -506,8 +651,7 @@ def check_fallbacks(facts: Facts) -> list[str]:
         for t in facts.tries
     ]
     found += [
-        f"line {_line(load)}: contextlib.suppress swallows the kernel's exceptions like try/except; "
-        "remove it and let errors surface"
+        f"line {_line(load)}: contextlib.suppress swallows the kernel's exceptions like try/except; remove it and let errors surface"
         for load in facts.loads
         if facts.resolve(load) == "contextlib.suppress"
     ]
@@ -534,9 +678,7 @@ def check_patching(facts: Facts) -> list[str]:
         found += _patching_call(facts, call)
     for path, node in facts.imports:
         if path.split(".")[0] == "builtins":
-            found.append(
-                f"line {_line(node)}: imports builtins; a kernel never needs it, and patching builtins is not allowed"
-            )
+            found.append(f"line {_line(node)}: imports builtins; a kernel never needs it, and patching builtins is not allowed")
     found += [
         f"line {_line(load)}: touches __builtins__; leave the builtins alone"
         for load in facts.loads
@@ -574,8 +716,7 @@ def check_escapes(facts: Facts) -> list[str]:
                 "allowed in a candidate, so do the work in your kernel on the calling thread"
             )
     found += [
-        f"line {_line(node)}: `from {node.module} import *` hides which names the code uses from this check; "
-        "import the names you need"
+        f"line {_line(node)}: `from {node.module} import *` hides which names the code uses from this check; import the names you need"
         for node in facts.star_imports
     ]
     for load in facts.loads:
@@ -589,10 +730,7 @@ def check_escapes(facts: Facts) -> list[str]:
                 "the work in your kernel inside this process"
             )
         elif path in OS_ENVIRONMENT:
-            found.append(
-                f"line {_line(load)}: uses {path}; the environment is not part of the task, so neither read "
-                "nor change it"
-            )
+            found.append(f"line {_line(load)}: uses {path}; the environment is not part of the task, so neither read nor change it")
     for call in facts.calls:
         func = call.func
         if (isinstance(func, ast.Name) and func.id in DYNAMIC_CODE) or facts.resolve(func) in DYNAMIC_IMPORTS:
@@ -646,8 +784,7 @@ def check_reference_use(facts: Facts) -> list[str]:
     model_new = _model_new(facts)
     bases = [b for b in model_new.bases if _names_model(b)] if model_new is not None else []
     found = [
-        f"line {_line(b)}: ModelNew subclasses the reference `{ast.unparse(b)}`; subclass nn.Module and "
-        "write forward with your own kernels"
+        f"line {_line(b)}: ModelNew subclasses the reference `{ast.unparse(b)}`; subclass nn.Module and write forward with your own kernels"
         for b in bases
     ]
     found += [
@@ -660,9 +797,7 @@ def check_reference_use(facts: Facts) -> list[str]:
 
 
 def _names_model(expr: ast.expr) -> bool:
-    return (isinstance(expr, ast.Name) and expr.id == "Model") or (
-        isinstance(expr, ast.Attribute) and expr.attr == "Model"
-    )
+    return (isinstance(expr, ast.Name) and expr.id == "Model") or (isinstance(expr, ast.Attribute) and expr.attr == "Model")
 
 
 def check_has_kernel(facts: Facts, backend: str) -> list[str]:
@@ -759,10 +894,7 @@ def _torch_op(facts: Facts, call: ast.Call, modules: set[str]) -> str | None:
 
 
 def warn_streams(facts: Facts) -> list[str]:
-    advice = (
-        "timing synchronises every stream, so a side stream hides no work and only adds overhead; "
-        "launch on the current stream"
-    )
+    advice = "timing synchronises every stream, so a side stream hides no work and only adds overhead; launch on the current stream"
     found = [
         f"line {_line(load)}: creates a CUDA stream ({ast.unparse(load)}); {advice}"
         for load in facts.loads

@@ -61,8 +61,14 @@ def speedup_interval(reference_ms: tuple[float, ...], candidate_ms: tuple[float,
     # scipy before 1.15 names the generator random_state.
     generator = {"rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state": np.random.default_rng(seed)}
     result = bootstrap(
-        (np.asarray(reference_ms), np.asarray(candidate_ms)), ratio, paired=False, vectorized=True,
-        n_resamples=2000, confidence_level=0.95, method="percentile", **generator,
+        (np.asarray(reference_ms), np.asarray(candidate_ms)),
+        ratio,
+        paired=False,
+        vectorized=True,
+        n_resamples=2000,
+        confidence_level=0.95,
+        method="percentile",
+        **generator,
     )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
@@ -98,7 +104,9 @@ class Timer:
             del args, out
         return samples
 
-    def _time_cuda(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None) -> list[float]:
+    def _time_cuda(
+        self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None
+    ) -> list[float]:
         assert self._flush is not None
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]

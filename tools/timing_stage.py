@@ -100,8 +100,11 @@ def mixed_inputs(pool: list[list[Any]], rng: random.Random) -> list[Any]:
     first, second = rng.sample(range(len(pool)), 2)
     weight = rng.uniform(0.25, 0.75)
     return [
-        torch.lerp(a, b, weight) if isinstance(a, torch.Tensor) and a.is_floating_point()
-        else a.clone() if isinstance(a, torch.Tensor) else a
+        torch.lerp(a, b, weight)
+        if isinstance(a, torch.Tensor) and a.is_floating_point()
+        else a.clone()
+        if isinstance(a, torch.Tensor)
+        else a
         for a, b in zip(pool[first], pool[second])
     ]
 
@@ -175,7 +178,9 @@ unfinished output is wrong almost everywhere, and a full comparison reads a larg
 def sampled(expected: torch.Tensor, actual: Any) -> tuple[torch.Tensor, Any]:
     """The same positions of both, drawn after the call from a generator seeded by the OS."""
     if (
-        not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.device != expected.device
+        not isinstance(actual, torch.Tensor)
+        or actual.shape != expected.shape
+        or actual.device != expected.device
         or expected.numel() <= SAMPLED_VALUES
     ):
         return expected, actual
@@ -202,7 +207,13 @@ def _baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, m
 
 
 def time_candidate(
-    timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, baselines: dict[tuple[Any, ...], Baseline], baseline_key: tuple[Any, ...]
+    timer: Timer,
+    program: Program,
+    cfg: EvalConfig,
+    ref_model: Any,
+    new_model: Any,
+    baselines: dict[tuple[Any, ...], Baseline],
+    baseline_key: tuple[Any, ...],
 ) -> TimingReport:
     """Time both sides; raises Rejected or StageFailed when a guard fires."""
     key = (*baseline_key, cfg.guards.fresh_inputs, cfg.guards.fresh_input_source)
@@ -223,15 +234,24 @@ def time_candidate(
     speedup = ref.median / cand.median if cand.median > 0 else float("inf")
     compiled = base.compiled
     return TimingReport(
-        candidate=cand, reference=ref, reference_compiled=compiled, compiled_error=base.compiled_error, speedup=speedup,
+        candidate=cand,
+        reference=ref,
+        reference_compiled=compiled,
+        compiled_error=base.compiled_error,
+        speedup=speedup,
         speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 else None,
         speedup_ci95=speedup_interval(base.reference.samples_ms, candidate.samples_ms, seed=cfg.seed),
-        fresh_inputs=cfg.guards.fresh_inputs, input_source=calls.source, checked_calls=tuple(sorted(check.seen)), floor_ms=floor,
+        fresh_inputs=cfg.guards.fresh_inputs,
+        input_source=calls.source,
+        checked_calls=tuple(sorted(check.seen)),
+        floor_ms=floor,
         reference_roofline_ms=base.roofline_ms,
     )
 
 
-def _below_floor(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, make_args: MakeArgs, floor: float) -> None:
+def _below_floor(
+    timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, new_model: Any, make_args: MakeArgs, floor: float
+) -> None:
     """Timed below the speed of light: again on fresh inputs, every output checked; still below, rejected."""
     trials = min(cfg.trials, 20)
     strict = TimedOutputCheck.drawn(program, cfg, ref_model, make_args, cfg.warmup, trials, every=True)

@@ -115,6 +115,8 @@ class Worker:
         self.workdir = Path(tempfile.mkdtemp(prefix="refinery-worker-"))
         self.log_path = self.workdir / "worker.log"
         parent_sock, child_sock = socket.socketpair()
+        # The command line as flag and value pairs, one a line.
+        # fmt: off
         cmd = [
             sys.executable, "-m", "tools.worker_main",
             "--fd", str(child_sock.fileno()),
@@ -126,13 +128,25 @@ class Worker:
             "--memory-bytes", str(self.memory_limit_bytes + (4 << 30) if self.device == "cpu" else 0),
             "--parent-pid", str(os.getpid()),
         ]
+        # fmt: on
         with open(self.log_path, "wb") as out:
             # From the long-lived spawner thread: the worker dies with this process (see
             # worker_main.die_with_parent), not with whichever thread happened to start it.
-            self.proc = _spawner().submit(
-                subprocess.Popen, cmd, cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, pass_fds=(child_sock.fileno(),), start_new_session=True,
-            ).result()
+            self.proc = (
+                _spawner()
+                .submit(
+                    subprocess.Popen,
+                    cmd,
+                    cwd=self.workdir,
+                    env=self._env(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(child_sock.fileno(),),
+                    start_new_session=True,
+                )
+                .result()
+            )
         child_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
@@ -222,7 +236,9 @@ class Worker:
                 return JobReply(failure=EvalStatus.OOM, message=f"{_KILLED}, most likely out of memory")
             if sig is signal.SIGXFSZ:
                 return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate wrote more output than allowed")
-            return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the worker crashed with {sig.name} (e.g. a segmentation fault in the kernel)")
+            return JobReply(
+                failure=EvalStatus.RUNTIME_ERROR, message=f"the worker crashed with {sig.name} (e.g. a segmentation fault in the kernel)"
+            )
         fault = cuda_fault_in(printed)
         if fault:
             # The CUDA runtime can end the process itself after a fault (exit code 1, no exception

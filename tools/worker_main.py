@@ -155,8 +155,10 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
             status = EvalStatus.COMPILE_ERROR
         raise StageFailed(status, f"loading the candidate failed:\n{describe(exc)}", fatal) from exc
     report = CompileReport(
-        ok=True, seconds=time.perf_counter() - started,
-        cache_hits=ledger.hits - hits_before, cache_misses=ledger.misses - misses_before,
+        ok=True,
+        seconds=time.perf_counter() - started,
+        cache_hits=ledger.hits - hits_before,
+        cache_misses=ledger.misses - misses_before,
     )
     loaded = Loaded(program=program, ledger=ledger, report=report)
     state.loaded[key] = loaded
@@ -179,7 +181,13 @@ def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
     ref_model = program.reference(cfg.seed)
     new_model = program.new_model(cfg.seed, reference=ref_model)
     baseline_key = (
-        source_hash(job.task_source), cfg.warmup, cfg.trials, cfg.time_compiled_reference, cfg.seed, cfg.precision, cfg.allow_tf32,
+        source_hash(job.task_source),
+        cfg.warmup,
+        cfg.trials,
+        cfg.time_compiled_reference,
+        cfg.seed,
+        cfg.precision,
+        cfg.allow_tf32,
     )
     report = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key)
     tampered = state.integrity.check()

@@ -72,7 +72,7 @@ def _code_tokens(code: str) -> Iterator[tuple[Any, str]]:
         if not any(marker in body for marker in _NATIVE_MARKERS):
             continue
         native = CudaLexer if "__global__" in body else CppLexer
-        yield from lex(code[position:found.end(1)], python)
+        yield from lex(code[position : found.end(1)], python)
         yield from lex(body, native(stripnl=False, ensurenl=False))
         yield (String.Double, found.group(3))
         position = found.end()
@@ -161,7 +161,9 @@ def speedup_chart(points: Sequence[ChartPoint]) -> Markup:
             f'width="8" height="8"><title>{title}</title></rect></a>'
         )
     if not timed:
-        parts.append(f'<text class="empty" x="{_PAD_L + plot_w / 2:.1f}" y="{_PAD_T + plot_h / 2:.1f}" text-anchor="middle">no correct turn</text>')
+        parts.append(
+            f'<text class="empty" x="{_PAD_L + plot_w / 2:.1f}" y="{_PAD_T + plot_h / 2:.1f}" text-anchor="middle">no correct turn</text>'
+        )
     parts.append("</svg>")
     return Markup("".join(parts))  # noqa: S704
 
@@ -307,8 +309,9 @@ def search_tree(turns: Sequence[TurnView]) -> Markup | None:
             below = items(r.node_id)
             out.append(
                 f'<li><a class="badge status-{escape(r.status)}" href="#{escape(t.anchor)}">'
-                f'<b>{escape(r.node_id or "")}</b> {escape(r.status.words)}{speed}</a>{idea}'
-                + (f"<ul>{below}</ul>" if below else "") + "</li>"
+                f"<b>{escape(r.node_id or '')}</b> {escape(r.status.words)}{speed}</a>{idea}"
+                + (f"<ul>{below}</ul>" if below else "")
+                + "</li>"
             )
         return "".join(out)
 
@@ -378,7 +381,9 @@ def fast_p_rows(summaries: Sequence[TrajectorySummary], variants: Sequence[str])
 
 
 def build_report(trajectories: Sequence[Trajectory], title: str) -> ReportView:
-    summaries = [summarise(t) for t in sorted(trajectories, key=lambda t: (t.id.task, t.id.variant, t.id.sample, t.id.strategy, t.id.precision))]
+    summaries = [
+        summarise(t) for t in sorted(trajectories, key=lambda t: (t.id.task, t.id.variant, t.id.sample, t.id.strategy, t.id.precision))
+    ]
     variants = tuple(variants_of(trajectories))
     views = tuple(trajectory_view(s) for s in summaries)
     return ReportView(
@@ -410,9 +415,7 @@ def _times_ci(e: Estimate | None) -> str:
 
 
 def _environment() -> Environment:
-    env = Environment(
-        loader=FileSystemLoader(ASSETS), autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True
-    )
+    env = Environment(loader=FileSystemLoader(ASSETS), autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["speedup"] = format_speedup
     env.filters["percent"] = lambda value: f"{100 * value:.0f}%"
     env.filters["rate_ci"] = _rate_ci
@@ -425,6 +428,13 @@ def render_report(trajectories: Sequence[Trajectory], title: str) -> str:
     """The whole page as one string; nothing in it refers to a file or a network address."""
     css = (ASSETS / "report.css").read_text(encoding="utf-8") + "\n" + _FORMATTER.get_style_defs(".hl")
     js = (ASSETS / "report.js").read_text(encoding="utf-8")
-    return _environment().get_template("report.html.j2").render(
-        report=build_report(trajectories, title), verdicts=list(Verdict), css=Markup(css), js=Markup(js)  # noqa: S704
+    return (
+        _environment()
+        .get_template("report.html.j2")
+        .render(
+            report=build_report(trajectories, title),
+            verdicts=list(Verdict),
+            css=Markup(css),
+            js=Markup(js),  # noqa: S704
+        )
     )

@@ -51,7 +51,9 @@ class Trajectory:
 
 def qualifier(trajectory: TrajectoryId) -> str:
     """What sets a trajectory apart beyond task, variant and sample: " (beam, bf16)"; "" for refine at fp32."""
-    parts = [p for p in (trajectory.strategy != "refine" and trajectory.strategy, trajectory.precision != "fp32" and trajectory.precision) if p]
+    parts = [
+        p for p in (trajectory.strategy != "refine" and trajectory.strategy, trajectory.precision != "fp32" and trajectory.precision) if p
+    ]
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -145,10 +147,7 @@ def tasks_of(trajectories: Iterable[Trajectory]) -> list[str]:
 def filter_summaries(
     summaries: Iterable[TrajectorySummary], status: Verdict | None = None, variant: str | None = None
 ) -> list[TrajectorySummary]:
-    return [
-        s for s in summaries
-        if (status is None or s.best_status == status) and (variant is None or s.id.variant == variant)
-    ]
+    return [s for s in summaries if (status is None or s.best_status == status) and (variant is None or s.id.variant == variant)]
 
 
 def sort_summaries(summaries: Iterable[TrajectorySummary], key: SortKey = SortKey.TASK) -> list[TrajectorySummary]:
@@ -184,7 +183,10 @@ def resolve_task(trajectories: Sequence[Trajectory], task: str) -> str:
 
 
 def find_trajectories(
-    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None,
+    trajectories: Sequence[Trajectory],
+    task: str,
+    variant: str | None = None,
+    sample: int | None = None,
     precision: str | None = None,
 ) -> list[Trajectory]:
     """The trajectories of one task, narrowed by variant, sample and precision; never empty."""
@@ -211,7 +213,10 @@ def find_trajectories(
 
 
 def one_trajectory(
-    trajectories: Sequence[Trajectory], task: str, variant: str | None = None, sample: int | None = None,
+    trajectories: Sequence[Trajectory],
+    task: str,
+    variant: str | None = None,
+    sample: int | None = None,
     precision: str | None = None,
 ) -> Trajectory:
     found = find_trajectories(trajectories, task, variant, sample, precision)
@@ -271,7 +276,7 @@ def feedback_of(record: TurnRecord) -> str:
     found = _ATTEMPT.search(prompt)
     if found is None:
         return ""
-    return _CLOSING.sub("", prompt[found.end():]).strip()
+    return _CLOSING.sub("", prompt[found.end() :]).strip()
 
 
 @dataclass(frozen=True)
@@ -395,9 +400,14 @@ def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) ->
         add_number_column(table, "completion")
     for s in summaries:
         table.add_row(
-            s.id.task + qualifier(s.id), s.id.variant, str(s.id.sample), _badge(s.best_status), format_speedup(s.best_speedup),
+            s.id.task + qualifier(s.id),
+            s.id.variant,
+            str(s.id.sample),
+            _badge(s.best_status),
+            format_speedup(s.best_speedup),
             *([format_interval(s.best_interval)] if wide else []),
-            f"{'-' if s.best_turn is None else s.best_turn}/{s.turns}", str(s.tokens.total),
+            f"{'-' if s.best_turn is None else s.best_turn}/{s.turns}",
+            str(s.tokens.total),
             *([str(s.tokens.prompt), str(s.tokens.completion)] if wide else []),
         )
     return table
@@ -408,7 +418,10 @@ def turn_view(record: TurnRecord, full_prompt: bool = False) -> RenderableType:
     verdict = verdict_of(record)
     seconds = sum(record.phase_seconds.values())
     title = Text.assemble(
-        (f"turn {record.turn}", "bold"), "  ", _badge(record.status), f"  {format_speedup(record.speedup)}",
+        (f"turn {record.turn}", "bold"),
+        "  ",
+        _badge(record.status),
+        f"  {format_speedup(record.speedup)}",
         f"  {record.tokens.total} tok  {seconds:.1f} s",
         f"  node {record.node_id}" if record.node_id else "",
     )
@@ -423,7 +436,9 @@ def turn_view(record: TurnRecord, full_prompt: bool = False) -> RenderableType:
     if record.code is not None:
         parts.append(Syntax(record.code, "python", line_numbers=True, word_wrap=True, theme="ansi_dark"))
     else:
-        parts.append(Panel(Text(record.reply.strip()[:2000] or "(empty reply)"), title="reply (no code)", title_align="left", border_style="dim"))
+        parts.append(
+            Panel(Text(record.reply.strip()[:2000] or "(empty reply)"), title="reply (no code)", title_align="left", border_style="dim")
+        )
     lines = Table.grid(padding=(0, 2))
     lines.add_row(Text("verdict", style="bold"), Text(verdict.headline, style=verdict.status.style))
     for label, text in verdict.details:

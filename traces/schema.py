@@ -134,9 +134,7 @@ def migrate(line: str, version_now: int, migrations: Migrations, what: str) -> d
             f"(reads versions 0 to {version_now}); upgrade kernel-refinery to read it"
         )
     if not isinstance(version, int) or (version != version_now and version not in migrations):
-        raise UnknownSchemaVersion(
-            f"{what} schema version {version!r} is unknown (this kernel-refinery reads versions 0 to {version_now})"
-        )
+        raise UnknownSchemaVersion(f"{what} schema version {version!r} is unknown (this kernel-refinery reads versions 0 to {version_now})")
     while version < version_now:
         raw = migrations[version](raw)
         version = raw["schema_version"]

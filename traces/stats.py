@@ -64,8 +64,14 @@ def _bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray
             warnings.simplefilter("ignore")  # degenerate-data and small-sample warnings: checked below
             try:
                 result = stats.bootstrap(
-                    data, statistic, n_resamples=RESAMPLES, confidence_level=CONFIDENCE, method=method,
-                    paired=True, vectorized=True, **_rng_argument(),  # type: ignore[arg-type]  # rng or random_state
+                    data,
+                    statistic,
+                    n_resamples=RESAMPLES,
+                    confidence_level=CONFIDENCE,
+                    method=method,
+                    paired=True,
+                    vectorized=True,
+                    **_rng_argument(),  # type: ignore[arg-type]  # rng or random_state
                 )
             except ValueError:
                 continue

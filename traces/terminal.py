@@ -32,8 +32,15 @@ def compact_table(title: str | None = None, caption: str | None = None) -> Table
     than wrapped into the width of a narrow table.
     """
     return Table(
-        title=title, caption=caption, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=0,
-        title_justify="left", caption_justify="left", show_edge=False,
+        title=title,
+        caption=caption,
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=0,
+        title_justify="left",
+        caption_justify="left",
+        show_edge=False,
     )
 
 

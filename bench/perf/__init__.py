@@ -4,4 +4,4 @@
     python -m bench.perf.guards --device cpu|cuda    # what the evaluator's guards cost
     python -m bench.perf.experiment                  # runner throughput, device busy fraction, per-turn overhead
     python -m bench.perf.measure_suite               # each task's reference time at its CPU and GPU sizes
-"""
+"""  # keeps the commands indented  # fmt: skip

@@ -43,10 +43,14 @@ def build_once(with_header: bool) -> float:
         hidden = mock.patch.object(compile_cache, "ready_header_dir", lambda: None)
         started = time.perf_counter()
         if with_header:
-            cache.load_inline("sigmoid_module", source, functions=["sigmoid_forward"], extra_cflags=list(pch.PCH_FLAGS), extra_ldflags=["-fopenmp"])
+            cache.load_inline(
+                "sigmoid_module", source, functions=["sigmoid_forward"], extra_cflags=list(pch.PCH_FLAGS), extra_ldflags=["-fopenmp"]
+            )
         else:
             with hidden:
-                cache.load_inline("sigmoid_module", source, functions=["sigmoid_forward"], extra_cflags=list(pch.PCH_FLAGS), extra_ldflags=["-fopenmp"])
+                cache.load_inline(
+                    "sigmoid_module", source, functions=["sigmoid_forward"], extra_cflags=list(pch.PCH_FLAGS), extra_ldflags=["-fopenmp"]
+                )
         return time.perf_counter() - started
 
 

@@ -63,13 +63,16 @@ def timed_evaluation(config: EvalConfig, task: TaskProgram, candidate: str) -> t
     finally:
         evaluator.close()
     return result, wall, evaluator.worker.last_start_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--candidate", type=Path, help="module defining ModelNew for relu(x)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
-        "--compiled-baseline", action="store_true",
+        "--compiled-baseline",
+        action="store_true",
         help="also time torch.compile of the reference (not part of the target's definition)",
     )
     args = parser.parse_args()
@@ -79,7 +82,10 @@ def main() -> None:
     candidate = (args.candidate or CANDIDATES[args.device]).read_text()
     with tempfile.TemporaryDirectory(prefix="refinery-perf-") as cache:
         config = EvalConfig(
-            device=args.device, cache_dir=Path(cache), trials=100, correctness_trials=5,
+            device=args.device,
+            cache_dir=Path(cache),
+            trials=100,
+            correctness_trials=5,
             time_compiled_reference=args.compiled_baseline,
         )
         cold, cold_wall, cold_start = timed_evaluation(config, task, candidate)
@@ -94,11 +100,13 @@ def main() -> None:
     figures: dict[str, dict[str, float]] = {}
     rows = [(p, cold.stage_seconds.get(p, 0.0), cached.stage_seconds.get(p, 0.0)) for p in PHASES]
     rows.insert(0, ("worker start (python, torch, device)", cold_start, cached_start))
-    rows.append((
-        "pipe, orchestration",
-        cold_wall - cold_start - sum(cold.stage_seconds.values()),
-        cached_wall - cached_start - sum(cached.stage_seconds.values()),
-    ))
+    rows.append(
+        (
+            "pipe, orchestration",
+            cold_wall - cold_start - sum(cold.stage_seconds.values()),
+            cached_wall - cached_start - sum(cached.stage_seconds.values()),
+        )
+    )
     for phase, a, b in rows:
         figures[phase] = {"cold_s": a, "cached_s": b}
         table.add_row(phase, f"{a:.2f}", f"{100 * a / cold_wall:.0f}%", f"{b:.2f}", f"{100 * b / cached_wall:.0f}%")
@@ -114,8 +122,17 @@ def main() -> None:
         f"cached {cached.compile.cache_hits if cached.compile else '?'} hit"
     )
     if args.json:
-        args.json.write_text(json.dumps({"cold_wall_s": cold_wall, "cached_wall_s": cached_wall, "phases": figures,
-                                         "stage_seconds": {"cold": cold.stage_seconds, "cached": cached.stage_seconds}}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "cold_wall_s": cold_wall,
+                    "cached_wall_s": cached_wall,
+                    "phases": figures,
+                    "stage_seconds": {"cold": cold.stage_seconds, "cached": cached.stage_seconds},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def fence(code: str) -> str:
     return f"```python\n{code}```\n"
 
 
-def experiment(run_dir: Path, cache: Path, workers: int, samples: int, trials: int, turns: int = 1,
-               concurrency: int | None = None) -> tuple[float, int, float]:
+def experiment(
+    run_dir: Path, cache: Path, workers: int, samples: int, trials: int, turns: int = 1, concurrency: int | None = None
+) -> tuple[float, int, float]:
     """Run `samples` trajectories of the fused-chain task; returns wall s, evaluations, overhead per turn.
 
     Overhead is the wall time not spent in the LLM call or inside the worker's stages (compile,
@@ -47,9 +48,17 @@ def experiment(run_dir: Path, cache: Path, workers: int, samples: int, trials: i
     only meaningful with concurrency 1, where no trajectory waits for another's worker.
     """
     config = ExperimentConfig(
-        suite="builtin", levels=[2], tasks="9_bias_tanh_clamp_chain", variants=["G+E"], turns=turns, samples=samples,
-        workers=workers, concurrency=concurrency or max(2, 2 * workers), hardware_prompt=False,
-        target_speedup=1e9 if turns > 1 else 0.0, llm={"model": "scripted:inline"},
+        suite="builtin",
+        levels=[2],
+        tasks="9_bias_tanh_clamp_chain",
+        variants=["G+E"],
+        turns=turns,
+        samples=samples,
+        workers=workers,
+        concurrency=concurrency or max(2, 2 * workers),
+        hardware_prompt=False,
+        target_speedup=1e9 if turns > 1 else 0.0,
+        llm={"model": "scripted:inline"},
         eval=EvalConfig(trials=trials, warmup=2, correctness_trials=3, time_compiled_reference=False, cache_dir=cache),
     )
     model = scripted_model([fence((SOLUTIONS / "9_bias_tanh_clamp_chain.py").read_text())])
@@ -70,6 +79,8 @@ def experiment(run_dir: Path, cache: Path, workers: int, samples: int, trials: i
                 accounted += sum(v for k, v in record.result.stage_seconds.items() if k != "static")
     evaluations = sum(r.turns for r in records)
     return wall, evaluations, (wall - accounted) / max(1, turns_run)
+
+
 def busy_fraction(cache: Path, candidates: int, trials: int) -> tuple[float, float]:
     """Fresh-compile candidates through 2 workers on one device; returns (busy fraction, wall s)."""
     from bench.tasks import builtin_suite_root, load_suite
@@ -121,10 +132,18 @@ def main() -> None:
     table.add_row("framework overhead per turn (graph, checkpoints, traces, pipe)", f"{overhead:.3f} s")
     console.print(table)
     if args.json:
-        args.json.write_text(json.dumps({
-            "per_min_1": per_min_1, "per_min_2": per_min_2, "ratio": per_min_2 / per_min_1,
-            "busy_fraction": fraction, "overhead_s": overhead,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "per_min_1": per_min_1,
+                    "per_min_2": per_min_2,
+                    "ratio": per_min_2 / per_min_1,
+                    "busy_fraction": fraction,
+                    "overhead_s": overhead,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

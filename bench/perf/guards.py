@@ -26,7 +26,11 @@ from tools.config import EvalConfig, Guards
 from tools.jobs import TaskProgram
 
 GUARDS_OFF = Guards(
-    fresh_inputs=False, checked_timed_calls=0, input_distributions=(), plain_outputs=False, speed_of_light=False,
+    fresh_inputs=False,
+    checked_timed_calls=0,
+    input_distributions=(),
+    plain_outputs=False,
+    speed_of_light=False,
     min_kernel_share=0.0,
 )
 TARGET = 1.2
@@ -78,8 +82,19 @@ def main() -> None:
     verdict = "within" if ratio <= TARGET else "over"
     console.print(f"guards cost {ratio:.2f}x the cached evaluation before them ({verdict} the {TARGET}x target)")
     if args.json:
-        args.json.write_text(json.dumps({"device": args.device, "rounds": args.rounds, "off_wall_s": walls["off"],
-                                         "on_wall_s": walls["on"], "phases": figures, "ratio": ratio}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": args.device,
+                    "rounds": args.rounds,
+                    "off_wall_s": walls["off"],
+                    "on_wall_s": walls["on"],
+                    "phases": figures,
+                    "ratio": ratio,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

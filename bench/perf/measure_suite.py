@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         try:
             gpu = gpu_estimate(task)
-            estimate = (
-                f"{gpu['input_gb']:9.2f}  {gpu['traffic_gb']:10.2f}  {gpu['gflop']:7.1f}  {gpu['est_ms']:7.2f}"
-            )
+            estimate = f"{gpu['input_gb']:9.2f}  {gpu['traffic_gb']:10.2f}  {gpu['gflop']:7.1f}  {gpu['est_ms']:7.2f}"
         except Exception as exc:  # the meta-device count is an estimate; the timing above stands
             estimate = f"no estimate: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
         print(f"{task.key:<{width}}  {wall_ms:7.1f}  {thread_ms:7.1f}  {estimate}", flush=True)

@@ -58,7 +58,7 @@ ext = load_inline(
 )
 '''
 
-_PLAIN = '''
+_PLAIN = """
 
 class ModelNew(nn.Module):
     def __init__(self, *args):
@@ -66,9 +66,9 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return ext.{call}
-'''
+"""
 
-_CHAIN = '''
+_CHAIN = """
 
 class ModelNew(nn.Module):
     def __init__(self, channels, low, high):
@@ -80,7 +80,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return ext.chain(x, self.scale, self.shift, self.low, self.high)
-'''
+"""
 
 # What the correct kind is for each task, and what the table must say about it.
 _CORRECT_CALL = {"1_relu": "relu_slow(x, 2)", "2_gelu": "gelu_wrong(x)", "9_bias_tanh_clamp_chain": None}
@@ -103,8 +103,14 @@ def expected_status(task: str, kind: str) -> str:
 
 
 EXPECTED_STATUS = {
-    "no_code": "no_code", "garbage": "no_code", "crash": "runtime_error", "spin": "timeout", "hog": "oom",
-    "oob_write": "runtime_error", "chatty": "correct", "forker": "correct",
+    "no_code": "no_code",
+    "garbage": "no_code",
+    "crash": "runtime_error",
+    "spin": "timeout",
+    "hog": "oom",
+    "oob_write": "runtime_error",
+    "chatty": "correct",
+    "forker": "correct",
 }
 
 
@@ -264,19 +270,33 @@ class Totals:
 
     def figures(self, minutes: float) -> dict[str, object]:
         return {
-            "minutes": minutes, "rounds": self.rounds, "rounds_failed": self.rounds_failed,
-            "trajectories": self.trajectories, "turns": self.turns, "requests": self.requests,
-            "faults": dict(self.faults), "faults_survived": dict(self.faults_survived),
+            "minutes": minutes,
+            "rounds": self.rounds,
+            "rounds_failed": self.rounds_failed,
+            "trajectories": self.trajectories,
+            "turns": self.turns,
+            "requests": self.requests,
+            "faults": dict(self.faults),
+            "faults_survived": dict(self.faults_survived),
             "faults_not_survived": sum(self.faults.values()) - sum(self.faults_survived.values()),
             "failures": dict(self.failures),
-            "candidates": dict(self.candidates), "candidates_survived": dict(self.candidates_survived),
-            "worker_kills": self.worker_kills, "worker_kills_survived": self.worker_kills_survived,
-            "experiment_kills": self.experiment_kills, "experiment_kills_survived": self.experiment_kills_survived,
-            "worker_restarts": self.worker_restarts, "worker_starts": self.worker_starts,
-            "outside_kills_retried": self.outside_kills_retried, "llm_retries": self.llm_retries,
-            "llm_retries_logged": self.llm_retries_logged, "lost": self.lost, "duplicated": self.duplicated,
-            "tables_equal": self.tables_equal, "tables_differ": self.tables_differ,
-            "outcomes_differ": self.outcomes_differ, "stray_processes": self.stray_processes,
+            "candidates": dict(self.candidates),
+            "candidates_survived": dict(self.candidates_survived),
+            "worker_kills": self.worker_kills,
+            "worker_kills_survived": self.worker_kills_survived,
+            "experiment_kills": self.experiment_kills,
+            "experiment_kills_survived": self.experiment_kills_survived,
+            "worker_restarts": self.worker_restarts,
+            "worker_starts": self.worker_starts,
+            "outside_kills_retried": self.outside_kills_retried,
+            "llm_retries": self.llm_retries,
+            "llm_retries_logged": self.llm_retries_logged,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "tables_equal": self.tables_equal,
+            "tables_differ": self.tables_differ,
+            "outcomes_differ": self.outcomes_differ,
+            "stray_processes": self.stray_processes,
         }
 
 
@@ -323,8 +343,17 @@ class Launch:
     killed: bool
 
 
-def supervise(cmd: list[str], run_dir: Path, log_path: Path, rng: random.Random, s: Settings, total: int,
-              kill_experiment: bool, deadline: float, heartbeat: Callable[[int], None]) -> Launch:
+def supervise(
+    cmd: list[str],
+    run_dir: Path,
+    log_path: Path,
+    rng: random.Random,
+    s: Settings,
+    total: int,
+    kill_experiment: bool,
+    deadline: float,
+    heartbeat: Callable[[int], None],
+) -> Launch:
     """Run the experiment command; SIGKILL workers now and then, and the whole process once if asked."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log_path.open("ab") as out:
@@ -408,8 +437,9 @@ def _cause(phase: str, log_path: Path) -> RoundFailed:
     return RoundFailed(f"{phase}: {error}", f"see {log_path}; its output ends:\n{tail[-2500:]}")
 
 
-def clean_records(config_toml: str, script: dict[str, list[str]], run_dir: Path, log_path: Path, s: Settings,
-                  deadline: float) -> list[TrajectoryRecord]:
+def clean_records(
+    config_toml: str, script: dict[str, list[str]], run_dir: Path, log_path: Path, s: Settings, deadline: float
+) -> list[TrajectoryRecord]:
     """The same script through a fault-free endpoint, uninterrupted."""
     server_log = ServerLog()
     with serve(script, server_log) as url:
@@ -418,15 +448,21 @@ def clean_records(config_toml: str, script: dict[str, list[str]], run_dir: Path,
         config_path.write_text(config_toml.replace("@BASE_URL@", url))
         cmd = refinery("experiment", "--config", str(config_path), "--run-dir", str(run_dir))
         with log_path.open("ab") as out:
-            proc = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=max(10.0, deadline - time.monotonic()))
+            proc = subprocess.run(
+                cmd,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=max(10.0, deadline - time.monotonic()),
+            )
         if proc.returncode != 0:
             raise _cause(f"fault-free run exited {proc.returncode}", log_path)
     return read_results(run_dir)
 
 
-def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, work: Path, cache_dir: Path,
-              totals: Totals, say: Callable[[str], None]) -> None:
+def run_round(
+    index: int, seed: int, kinds: dict[str, list[str]], s: Settings, work: Path, cache_dir: Path, totals: Totals, say: Callable[[str], None]
+) -> None:
     rng = random.Random(seed * 7919 + index)
     script = build_script(kinds, seed)
     round_dir = work / f"round-{index:03d}"
@@ -453,9 +489,11 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
                 launches += 1
 
                 def beat(kills: int) -> None:
-                    say(f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
+                    say(
+                        f"round {index}: {len(read_results(faulty_dir))} of {total} trajectories done; "
                         f"{server_log.requests} LLM requests, faults {dict(server_log.faults)}, "
-                        f"{totals.worker_kills + kills} workers SIGKILLed so far")
+                        f"{totals.worker_kills + kills} workers SIGKILLed so far"
+                    )
 
                 try:
                     launch = supervise(cmd, faulty_dir, log_path, rng, s, total, kill_experiment, deadline, beat)
@@ -467,8 +505,9 @@ def run_round(index: int, seed: int, kinds: dict[str, list[str]], s: Settings, w
                 if launch.killed:
                     totals.experiment_kills += 1
                     kill_experiment = False
-                    say(f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} "
-                        "trajectories done; restarting")
+                    say(
+                        f"round {index}: experiment SIGKILLed with {len(read_results(faulty_dir))} of {total} trajectories done; restarting"
+                    )
                     continue
                 if launch.rc != 0:
                     raise _cause(f"experiment under faults exited {launch.rc}", log_path)
