@@ -8,8 +8,9 @@ to fix.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import openai
 import structlog
@@ -163,10 +164,11 @@ def call_model(
         raise ModelCallError(
             f"the model endpoint {endpoint_url(model, settings)} refused the request (HTTP {status}, {type(exc).__name__}): "
             f"{exc.message if hasattr(exc, 'message') else exc}. "
-            f"Check the model name ({settings.model}), --base-url and the API key variable ({settings.api_key_env}); retrying will not help."
+            f"Check the model name ({settings.model}), --base-url and the API key variable ({settings.api_key_env}); "
+            "retrying will not help."
         ) from None
     assert isinstance(message, AIMessage)
-    usage = message.usage_metadata or {}
+    usage: Mapping[str, Any] = message.usage_metadata or {}
     tokens = TokenUsage(prompt=int(usage.get("input_tokens", 0)), completion=int(usage.get("output_tokens", 0)))
     text = (
         message.content

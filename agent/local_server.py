@@ -105,7 +105,7 @@ class LocalServer:
         """A chat client for this server; kwargs go to ChatOpenAI (temperature, max_tokens, ...)."""
         return LocalChatOpenAI(model=self.name, base_url=self.base_url, api_key=LOCAL_API_KEY, **kwargs)
 
-    def start(self) -> LocalServer:
+    def start(self) -> Self:
         if self._proc is not None:
             raise LocalServerError("the local server is already started")
         missing = [m for m in _SERVER_MODULES if importlib.util.find_spec(m) is None]

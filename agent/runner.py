@@ -23,7 +23,7 @@ from agent.config import RunConfig
 from agent.graph import build_graph
 from agent.nodes import AgentContext, CandidateEvaluator
 from agent.quiet import QuietHost
-from agent.state import Attempt, Outcome, TaskSpec, best_attempt
+from agent.state import Attempt, Outcome, RefineInput, RefineState, TaskSpec, best_attempt
 from traces.schema import TokenUsage, TrajectoryId
 from traces.store import trace_path
 
@@ -183,7 +183,9 @@ def run_trajectory(
     )
 
 
-def _unfinished_older_layout(saver: SqliteSaver, graph: CompiledStateGraph, thread: RunnableConfig) -> bool:
+def _unfinished_older_layout(
+    saver: SqliteSaver, graph: CompiledStateGraph[RefineState, AgentContext, RefineInput, RefineState], thread: RunnableConfig
+) -> bool:
     """A checkpoint of the loop before the turn subgraph (generate, compile, ... were the loop's own
     nodes) that did not reach its end: it names nodes this graph does not have."""
     saved = saver.get_tuple(thread)

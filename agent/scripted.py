@@ -15,6 +15,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import Field
 
 from agent.llm import TASK_KEY, TURN_KEY
 
@@ -25,7 +26,7 @@ class ScriptedChatModel(FakeMessagesListChatModel):
     `by_task` gives a task its own replies (keyed by task name or suite key, e.g. "level1/1_relu").
     """
 
-    by_task: dict[str, list[str]] = {}
+    by_task: dict[str, list[str]] = Field(default_factory=dict)
 
     def _generate(
         self,

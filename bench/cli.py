@@ -12,9 +12,8 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -29,13 +28,17 @@ from traces.cli import traces_app
 from traces.errors import ConfigError, InputFileError, UserError
 from traces.schema import UnknownSchemaVersion
 
+if TYPE_CHECKING:
+    # The Context that typer's groups create and pass: its own copy of click's.
+    from typer._click import Context
+
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, SuiteError, UnknownSchemaVersion)
 """What the CLI reports as a one-line error (exit 2): UserError, plus the typed errors of modules
 that predate it (SuiteError: a task file or suite that is not one; UnknownSchemaVersion: traces
 written by another version)."""
 
 
-def debugging(ctx: click.Context | None = None) -> bool:
+def debugging(ctx: Context | None = None) -> bool:
     if ctx is not None and ctx.find_root().params.get("debug"):
         return True
     return os.environ.get("REFINERY_DEBUG", "").strip() not in ("", "0")
@@ -44,13 +47,13 @@ def debugging(ctx: click.Context | None = None) -> bool:
 class RefineryGroup(TyperGroup):
     """Reports user errors in one line (exit 2) wherever in a subcommand they are raised."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
         except USER_ERRORS as exc:
             if debugging(ctx):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
 
 
@@ -106,13 +109,13 @@ def precision_settings(precision: str | None = None, tolerance: str | None = Non
     return out
 
 
-def _eval_config(device: str, backend: str | None = None, **overrides: object) -> EvalConfig:
+def _eval_config(device: str, backend: str | None = None, /, **overrides: object) -> EvalConfig:
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
     if backend not in (None, "cpp", "cuda", "triton"):
         raise ConfigError(f"--backend must be cpp, cuda or triton, not {backend!r}")
     try:
-        return EvalConfig(device=device, backend=backend, **overrides)  # type: ignore[arg-type]  # device checked above
+        return EvalConfig(device=device, backend=backend, **overrides)
     except ValidationError as exc:
         raise ConfigError(f"evaluator settings: {describe_validation(exc)}") from exc
 

@@ -106,8 +106,8 @@ def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Cal
     va, vb = _variant(a), _variant(b)
     if va in variants and vb in variants:
         return (
-            Side(label=va, records=[r for r in records if r.variant == va]),  # type: ignore[arg-type]  # va is in variants
-            Side(label=vb, records=[r for r in records if r.variant == vb]),  # type: ignore[arg-type]  # vb is in variants
+            Side(label=va, records=[r for r in records if r.variant == va]),
+            Side(label=vb, records=[r for r in records if r.variant == vb]),
             lambda r: (r.task, r.strategy, r.precision),
             ("task, strategy" + and_precision) if and_precision else "task and strategy",
         )
@@ -181,8 +181,11 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
             )
         )
 
+    def faster_than(p: float) -> Callable[[TrajectoryRecord], bool]:
+        return lambda r: is_correct(r) and r.best_speedup is not None and r.best_speedup > p
+
     for p in P_VALUES:
-        rate(f"fast_{p:g}", lambda r, p=p: is_correct(r) and r.best_speedup is not None and r.best_speedup > p)
+        rate(f"fast_{p:g}", faster_than(p))
     rate("correct", is_correct)
     rate("compiled", lambda r: r.compiled)
     xs, ys = [], []

@@ -100,7 +100,7 @@ class ExperimentConfig(BaseModel):
 
     def run_config(self, variant: str, strategy: str = "refine") -> RunConfig:
         loop = self.loop.model_copy(update={"variant": str(Variant.parse(variant))})
-        return RunConfig(llm=self.llm, loop=loop, eval=self.eval, strategy=strategy, search=self.search)  # type: ignore[arg-type]
+        return RunConfig(llm=self.llm, loop=loop, eval=self.eval, strategy=strategy, search=self.search)
 
     def saved(self) -> dict[str, Any]:
         """The settings as config.json keeps them (without the loop's unused variant)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -12,7 +13,7 @@ import structlog
 _SECRET_VALUE = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|Bearer\s+\S+|(?i:api[_-]?key)[=:]\s*\S+)")
 
 
-def redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Mask anything shaped like a key or an authorization header, wherever it appears."""
     for key, value in list(event.items()):
         if isinstance(value, str) and _SECRET_VALUE.search(value):

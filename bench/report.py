@@ -424,8 +424,8 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
             # Shift each series a little so the error bars of equal values do not hide each other.
             shift = (i - (len(series) - 1) / 2) * 0.02 * ((max(xs) - min(xs)) or 1) if len(series) > 1 and xs else 0.0
             ys = [e.value if e.value is not None else float("nan") for e in estimates]
-            lows = [(e.value - e.low) if e.has_interval and e.value is not None else 0.0 for e in estimates]  # type: ignore[operator]  # has_interval
-            highs = [(e.high - e.value) if e.has_interval and e.value is not None else 0.0 for e in estimates]  # type: ignore[operator]  # has_interval
+            lows = [e.value - e.low if e.value is not None and e.low is not None and e.high is not None else 0.0 for e in estimates]
+            highs = [e.high - e.value if e.value is not None and e.low is not None and e.high is not None else 0.0 for e in estimates]
             ax.errorbar([x + shift for x in xs], ys, yerr=[lows, highs], marker="o", capsize=3, label=label)
         ax.set(ylim=(-0.02, 1.02), **labels)
         ax.legend()

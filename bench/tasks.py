@@ -264,7 +264,7 @@ def _line_starts(data: bytes) -> list[int]:
     return starts
 
 
-def _span(node: ast.AST, starts: list[int]) -> tuple[int, int]:
+def _span(node: ast.expr | ast.stmt, starts: list[int]) -> tuple[int, int]:
     assert node.end_lineno is not None and node.end_col_offset is not None
     return starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset
 

@@ -199,7 +199,7 @@ def test_interrupted_run_resumes_at_the_turn_in_flight(
     # Calls: turn 1 compile; turn 2 compile, execute (crash here).
     crashing = CrashOnce(evaluator, crash_on_call=3)
     with pytest.raises(KeyboardInterrupt):
-        run_trajectory(task, config, model, crashing, tmp_path, trajectory, run_id="r")  # type: ignore[arg-type]
+        run_trajectory(task, config, model, crashing, tmp_path, trajectory, run_id="r")  # type: ignore[arg-type]  # CrashOnce wraps an Evaluator without subclassing it
     assert [r.turn for r in read_trace(tmp_path / "traces" / f"{trajectory.slug}.jsonl")] == [1]
 
     prompts_seen: list[int] = []
@@ -230,13 +230,13 @@ def test_parallel_trajectories_share_a_fresh_checkpoint_file(tmp_path: Path) -> 
 
         def open_and_write(i: int) -> None:
             try:
-                start.wait()
-                with closing(open_checkpointer(run_dir).conn) as conn:
+                start.wait()  # noqa: B023 - the threads are joined within this iteration
+                with closing(open_checkpointer(run_dir).conn) as conn:  # noqa: B023 - as above
                     conn.execute("CREATE TABLE IF NOT EXISTS marks (thread INTEGER)")
                     conn.execute("INSERT INTO marks VALUES (?)", (i,))
                     conn.commit()
             except sqlite3.Error as exc:
-                errors.append(exc)
+                errors.append(exc)  # noqa: B023 - as above
 
         threads = [threading.Thread(target=open_and_write, args=(i,)) for i in range(8)]
         for t in threads:

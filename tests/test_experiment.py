@@ -252,7 +252,7 @@ def test_config_json_of_older_runs_still_loads_and_resumes(tmp_path: Path) -> No
     assert read_saved_config(tmp_path / "config.json") == same
     # Other settings are still refused, by their key.
     (tmp_path / "config.json").write_text(json.dumps({**V0_CONFIG, "turns": 3}))
-    with pytest.raises(RunDirError, match="differing: loop.turns"):
+    with pytest.raises(RunDirError, match=r"differing: loop.turns"):
         prepare_run_dir(tmp_path, same)
     # An old [eval] table kept the evaluator's default device; the top-level device was the one in force.
     (tmp_path / "config.json").write_text(json.dumps({**V0_CONFIG, "device": "cuda", "eval": {"device": "cpu", "trials": 7}}))
@@ -300,7 +300,8 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
     script.write_text('["no code"]')
     toml = tmp_path / "settings.toml"
     toml.write_text(
-        f'run_dir = "{tmp_path / "from-file"}"\n[loop]\nturns = 2\n[llm]\nmodel = "scripted:{script}"\n[search]\nrounds = 5\n[eval]\ntrials = 9\n'
+        f'run_dir = "{tmp_path / "from-file"}"\n[loop]\nturns = 2\n[llm]\nmodel = "scripted:{script}"\n'
+        "[search]\nrounds = 5\n[eval]\ntrials = 9\n"
     )
     relu = Path(__file__).parent.parent / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
     result = CliRunner().invoke(

@@ -219,4 +219,4 @@ def test_mixed_inputs_are_new_on_every_call_and_keep_what_get_inputs_promised() 
     fingerprints = {tuple(args[1].flatten()[:4].tolist()) for args in calls}
     assert len(fingerprints) == len(calls), "two calls had the same values"
     again = mixed_inputs(pool, random.Random(7))
-    assert all(torch.equal(a, b) for a, b in zip(again[:4], calls[7][:4]))
+    assert all(torch.equal(a, b) for a, b in zip(again[:4], calls[7][:4], strict=True))

@@ -300,7 +300,7 @@ def test_pins_describe_the_joined_file() -> None:
 
 
 def test_unknown_model_lists_the_choices() -> None:
-    with pytest.raises(local_model.LocalModelError, match="local-0.5b"):
+    with pytest.raises(local_model.LocalModelError, match=r"local-0.5b"):
         ensure_model_file("nope")
 
 

@@ -160,17 +160,35 @@ def test_eval_output_prints_precision_and_tolerance() -> None:
 
 def test_prompt_names_the_dtype_only_at_reduced_precision() -> None:
     task = TaskSpec(name="relu", source=RELU.read_text(), level=1)
-    args = dict(task=task, backend="cpp", variant=Variant.parse("G"), turn=1, turns=1, previous=None, hardware=None, tolerance=1e-2)
-    bf16 = build_messages(**args, precision="bf16")[1].content  # type: ignore[arg-type]
+    args = {
+        "task": task,
+        "backend": "cpp",
+        "variant": Variant.parse("G"),
+        "turn": 1,
+        "turns": 1,
+        "previous": None,
+        "hardware": None,
+        "tolerance": 1e-2,
+    }
+    bf16 = build_messages(**args, precision="bf16")[1].content  # type: ignore[arg-type]  # **args: a dict of mixed value types
     assert "cast to bfloat16 (torch.bfloat16)" in bf16 and "read and write bfloat16 tensors" in bf16, bf16
-    fp16 = build_messages(**args, precision="fp16")[1].content  # type: ignore[arg-type]
+    fp16 = build_messages(**args, precision="fp16")[1].content  # type: ignore[arg-type]  # **args: a dict of mixed value types
     assert "cast to float16" in fp16 and "bfloat16" not in fp16
-    fp32 = build_messages(**args)[1].content  # type: ignore[arg-type]
+    fp32 = build_messages(**args)[1].content  # type: ignore[arg-type]  # **args: a dict of mixed value types
     assert "cast to" not in fp32 and "float16" not in fp32
-    ideas = dict(task=task, backend="cpp", variant=Variant.parse("G"), parent=None, tried=[], count=3, hardware=None, tolerance=1e-2)
-    idea_bf16 = idea_messages(**ideas, precision="bf16")[1].content  # type: ignore[arg-type]
+    ideas = {
+        "task": task,
+        "backend": "cpp",
+        "variant": Variant.parse("G"),
+        "parent": None,
+        "tried": [],
+        "count": 3,
+        "hardware": None,
+        "tolerance": 1e-2,
+    }
+    idea_bf16 = idea_messages(**ideas, precision="bf16")[1].content  # type: ignore[arg-type]  # **ideas: a dict of mixed value types
     assert "cast to bfloat16 (torch.bfloat16)" in idea_bf16, idea_bf16
-    assert "cast to" not in idea_messages(**ideas)[1].content  # type: ignore[arg-type]
+    assert "cast to" not in idea_messages(**ideas)[1].content  # type: ignore[arg-type]  # **ideas: a dict of mixed value types
 
 
 def record(
@@ -307,11 +325,11 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
     assert len(read_results(run_dir)) == 2
     assert {p: n.tolerance for p, n in read_precisions(run_dir).items()} == {"fp32": 1e-4, "bf16": 1e-2}
     # A precision the directory holds keeps its tolerance and TF32 policy; other settings stay refused.
-    with pytest.raises(RunDirError, match="bf16 trajectories judged at atol = rtol = 0.01, TF32 off"):
+    with pytest.raises(RunDirError, match=r"bf16 trajectories judged at atol = rtol = 0.01, TF32 off"):
         prepare_run_dir(run_dir, experiment(precision="bf16", tolerance=0.05))
     with pytest.raises(RunDirError, match="TF32 allowed"):
         prepare_run_dir(run_dir, experiment(allow_tf32=True))
-    with pytest.raises(RunDirError, match="differing: loop.turns"):
+    with pytest.raises(RunDirError, match=r"differing: loop.turns"):
         bf16_config = experiment(precision="bf16")
         prepare_run_dir(run_dir, bf16_config.model_copy(update={"loop": bf16_config.loop.model_copy(update={"turns": 2})}))
     # And the report shows both, side by side.

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 from langchain_core.messages import AIMessage
+from pydantic import Field
 from structlog.testing import capture_logs
 
 from agent.config import ModelSettings, needs_quiet_host
@@ -33,7 +34,7 @@ REPLY = "```python\nclass ModelNew:\n    pass\n```\n"
 class TimedModel(ScriptedChatModel):
     """The scripted model, noting when each call ran."""
 
-    intervals: list[Interval] = []
+    intervals: list[Interval] = Field(default_factory=list)
 
     def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
         started = time.monotonic()

@@ -95,7 +95,7 @@ def test_fast_p_table_fits_80_columns_with_its_intervals() -> None:
     e = s.intervals
     # fast_0 = 50% (a, b correct), fast_1 = 25% (a), fast_2 = 25%, compiled 75%, geomean √(2.5·0.5) = 1.12x.
     values = ["50%", "25%", "75%", "1.12x", "4", "4.9M", "G+E+P+N"]  # 4 × 1,234,567 tokens
-    intervals = [f"{100 * e[k].low:.0f}–{100 * e[k].high:.0f}" for k in ("fast_0", "fast_1", "fast_2", "correct", "compiled")]  # type: ignore[operator]
+    intervals = [f"{100 * e[k].low:.0f}–{100 * e[k].high:.0f}" for k in ("fast_0", "fast_1", "fast_2", "correct", "compiled")]  # type: ignore[operator]  # these estimates have intervals
     intervals.append(f"{e['geomean'].low:.2f}–{e['geomean'].high:.2f}")
     assert_whole(text, headers(table) + values + intervals)
     assert "95% interval" in text and "--wide" in text, "the caption says what the second line is"

@@ -45,7 +45,7 @@ def test_identical_sides_differ_by_zero_with_zero_inside() -> None:
     assert d.low <= 0.0 <= d.high and not d.excludes(0.0)
     speedups = [0.8, 1.3, 2.0, 0.5]
     r = paired_ratio(speedups, speedups)
-    assert r.value == pytest.approx(1.0) and r.low <= 1.0 <= r.high and not r.excludes(1.0)  # type: ignore[operator]
+    assert r.value == pytest.approx(1.0) and r.low <= 1.0 <= r.high and not r.excludes(1.0)  # type: ignore[operator]  # low and high are set: the data give an interval
 
 
 def test_a_consistent_difference_excludes_zero() -> None:
@@ -53,9 +53,9 @@ def test_a_consistent_difference_excludes_zero() -> None:
     a = rng.normal(1.0, 0.3, 40)
     b = a + 0.5 + rng.normal(0.0, 0.05, 40)  # every pair B ≈ A + 0.5
     d = paired_difference(list(a), list(b))
-    assert d.value == pytest.approx(0.5, abs=0.03) and d.excludes(0.0) and d.low > 0.4  # type: ignore[operator]
+    assert d.value == pytest.approx(0.5, abs=0.03) and d.excludes(0.0) and d.low > 0.4  # type: ignore[operator]  # low and high are set: the data give an interval
     # Unpaired, the spread of A (0.3) would swamp it far less: pairing is what makes it tight.
-    assert d.high - d.low < 0.1  # type: ignore[operator]
+    assert d.high - d.low < 0.1  # type: ignore[operator]  # low and high are set: the data give an interval
 
 
 def test_geomean_interval_is_on_the_log_scale() -> None:
@@ -112,7 +112,7 @@ def test_report_scores_carry_intervals_that_match_their_values() -> None:
     assert e["correct"].value == s.correct and e["compiled"].value == s.compiled == 0.75
     assert e["geomean"].value == pytest.approx(1.0)
     for key in ("fast_0", "fast_1", "correct", "compiled"):
-        assert e[key].low <= e[key].value <= e[key].high, key  # type: ignore[operator]
+        assert e[key].low <= e[key].value <= e[key].high, key  # type: ignore[operator]  # low and high are set: the data give an interval
 
 
 def test_compare_identical_runs_finds_no_difference() -> None:

@@ -10,6 +10,7 @@ import pytest
 from candidates import candidate
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import Field
 
 from agent.budget import Budget
 from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
@@ -40,11 +41,11 @@ class IdeaModel(ScriptedChatModel):
     Records how many tokens had been spent when each call started, to check the token cap.
     """
 
-    kernels: dict[str, str] = {}
+    kernels: dict[str, str] = Field(default_factory=dict)
     default: str = RIGHT
     spent: int = 0
-    starts: list[int] = []
-    prompts: list[str] = []
+    starts: list[int] = Field(default_factory=list)
+    prompts: list[str] = Field(default_factory=list)
 
     def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
         prompt = str(messages[-1].content)

@@ -26,7 +26,7 @@ BUILTIN = load_suite(builtin_suite_root())
 def run_program(source: str, name: str = "task") -> dict[str, Any]:
     """Define the program's classes and constants; runs nothing beyond its module level."""
     namespace: dict[str, Any] = {"__name__": f"test_tasks_{name}"}
-    exec(compile(source, f"<{name}>", "exec"), namespace)
+    exec(compile(source, f"<{name}>", "exec"), namespace)  # noqa: S102 - the task program is the input under test
     return namespace
 
 
@@ -335,10 +335,10 @@ def test_repository_root_is_refused_with_a_hint(tmp_path: Path):
 
 
 def test_bad_suite_paths_say_what_was_expected(tmp_path: Path):
-    with pytest.raises(SuiteError, match="does not exist.*level1/, level2/"):
+    with pytest.raises(SuiteError, match=r"does not exist.*level1/, level2/"):
         resolve_suite(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SuiteError, match="has no levelN folder.*level1/, level2/"):
+    with pytest.raises(SuiteError, match=r"has no levelN folder.*level1/, level2/"):
         resolve_suite(str(tmp_path / "empty"))
     with pytest.raises(SuiteError, match="has no levelN folder"):
         load_suite(tmp_path / "empty")
@@ -388,7 +388,7 @@ def test_a_file_that_is_not_a_task_is_an_error(tmp_path: Path):
     path = tmp_path / "level1" / "3_helper.py"
     path.parent.mkdir()
     path.write_text("def helper():\n    return 1\n")
-    with pytest.raises(SuiteError, match="3_helper.py is not a KernelBench task: it has no module-level Model"):
+    with pytest.raises(SuiteError, match=r"3_helper.py is not a KernelBench task: it has no module-level Model"):
         load_suite(tmp_path)
     path.write_text("def broken(:\n")
     with pytest.raises(SuiteError, match=r"3_helper.py is not valid Python \(line 1"):

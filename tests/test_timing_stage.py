@@ -30,7 +30,7 @@ def get_init_inputs():
 
 def test_a_failed_compiled_baseline_records_why(monkeypatch: pytest.MonkeyPatch) -> None:
     task = types.ModuleType("task")
-    exec(TASK, task.__dict__)  # noqa: S102
+    exec(TASK, task.__dict__)  # noqa: S102 - the test's own task program
     program = Program(task=task, candidate=task, device=torch.device("cpu"))
 
     def no_toolchain(model: Any, **_: Any) -> Any:

@@ -140,7 +140,7 @@ def test_list_errors_name_what_exists(run_dir: Path, tmp_path: Path) -> None:
 
 def test_list_sorts(run_dir: Path) -> None:
     by_turns = table_rows(cli("list", run_dir, "--sort", "turns").output)
-    assert [row[1] for row in by_turns][0] == "G+E" and by_turns[0][0] == "level1/relu"
+    assert next(row[1] for row in by_turns) == "G+E" and by_turns[0][0] == "level1/relu"
     by_speedup = table_rows(cli("list", run_dir, "--sort", "speedup").output)
     speedups = [row[4] for row in by_speedup]
     assert speedups[-1] == "-", "a trajectory without a correct turn sorts last"
@@ -243,7 +243,7 @@ def test_a_record_without_a_version_field_is_version_0() -> None:
 def test_unknown_versions_fail_naming_the_version(tmp_path: Path) -> None:
     line = (V0_RUN / "traces" / "level1__relu__GE__s0.jsonl").read_text().splitlines()[1]
     current = read_record(line).model_dump(mode="json")
-    with pytest.raises(UnknownSchemaVersion, match="schema version 99 is newer.*upgrade kernel-refinery"):
+    with pytest.raises(UnknownSchemaVersion, match=r"schema version 99 is newer.*upgrade kernel-refinery"):
         read_record(json.dumps({**current, "schema_version": 99}))
     with pytest.raises(UnknownSchemaVersion, match="schema version -3 is unknown"):
         read_record(json.dumps({**current, "schema_version": -3}))
@@ -308,7 +308,7 @@ def test_report_content(report: Path, run_dir: Path) -> None:
     assert [c["data-status"] for c in relu_cells] == ["correct", "incorrect"]
     assert len(dom.having("td", class_="missing")) == 1, "small_relu was not run under G+E+P"
     # fast_p over each trajectory's best attempt, 2 tasks: relu is correct in both variants.
-    fast0 = [a for a in dom.having("td", class_="fast-p-value", data_p="0")]
+    fast0 = list(dom.having("td", class_="fast-p-value", data_p="0"))
     assert len(fast0) == 2
     turns = dom.having("details", class_="turn")
     assert [t["data-status"] for t in turns] == ["compile_error", "incorrect", "correct", "no_code", "correct", "incorrect", "incorrect"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -301,7 +301,7 @@ def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "
 
 
 def _inputs_changed(before: list[Any], after: list[Any]) -> str:
-    for i, (b, a) in enumerate(zip(before, after)):
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
         if isinstance(b, torch.Tensor):
             # torch.equal alone (one read pass) settles the common case; NaN never equals itself,
             # so only a mismatch pays for the NaN-aware copies.
@@ -391,7 +391,7 @@ def _judge_call(
     if len(actual) != len(expected):
         return Comparison(False, f"returned {len(actual)} tensors, expected {len(expected)}", 0, 0, 0, ()), ref_ops, new_ops
     worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
-    for i, (exp, act) in enumerate(zip(expected, actual)):
+    for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
         cmp = compare(exp, act, cfg, which="output" if len(expected) == 1 else f"output {i}", atol_by_rms=atol_by_rms)
         if not cmp.passed:
             return cmp, ref_ops, new_ops
@@ -401,9 +401,9 @@ def _judge_call(
 
 
 class _Null:
-    ops: set[str] = set()
+    ops: ClassVar[set[str]] = set()
 
-    def __enter__(self) -> _Null:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -451,7 +451,7 @@ def _distribution_skip(program: Program, ref_model: Any, seed: int, distribution
     with torch.no_grad():
         try:
             redrawn = ref_model(*program.inputs(seed, distribution))
-        except Exception as exc:  # the reference may refuse values its task never feeds it
+        except Exception as exc:  # noqa: BLE001 - the reference may refuse values its task never feeds it
             return f"the reference raised {type(exc).__name__} on it"
         if _all_finite(redrawn):
             return ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Self
 
 import structlog
 
@@ -39,7 +40,7 @@ class Evaluator:
             threads=config.cpu_threads,
         )
 
-    def __enter__(self) -> Evaluator:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from tools.config import EvalConfig
 from tools.results import (
     CompileReport,
@@ -37,7 +39,7 @@ class JobReply(Frozen):
     correctness: CorrectnessReport | None = None
     timing: TimingReport | None = None
     profile: ProfileReport | None = None
-    stage_seconds: dict[str, float] = {}
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
     fatal: bool = False
     """The worker's state is unusable (a CUDA fault): the parent replaces it."""
 

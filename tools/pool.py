@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 from tools.config import EvalConfig
 from tools.evaluator import Evaluator
@@ -86,7 +87,7 @@ class EvaluatorPool:
         self._affinity: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def __enter__(self) -> EvaluatorPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

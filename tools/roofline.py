@@ -52,7 +52,7 @@ def _nvml_bandwidth(index: int) -> float | None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         bus_bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
         mem_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-    except Exception:  # NVML is optional here: the table and the generous default stand in
+    except Exception:  # noqa: BLE001 - NVML is optional here: the table and the generous default stand in
         return None
     value = 2 * mem_mhz * 1e6 * bus_bits / 8  # DDR: two transfers per clock
     return value if value > 0 else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -21,7 +22,7 @@ _KEEP = re.compile(
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
-def scrubbed_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+def scrubbed_env(base: dict[str, str] | None = None, /, **extra: str) -> dict[str, str]:
     """The parent's environment, less anything a candidate must not read."""
     source = dict(os.environ if base is None else base)
     env = {k: v for k, v in source.items() if _KEEP.match(k) and not _SECRET.search(k)}
@@ -58,15 +59,11 @@ def kill_tree(pid: int) -> None:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         children = []
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     for child in children:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def tree_rss_bytes(pid: int) -> int:
@@ -78,10 +75,8 @@ def tree_rss_bytes(pid: int) -> int:
         return 0
     total = 0
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 

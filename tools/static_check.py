@@ -277,7 +277,8 @@ class Facts:
     calls: list[ast.Call] = field(default_factory=list)
     loads: list[ast.expr] = field(default_factory=list)
     """Every name and attribute read, anywhere."""
-    strings: list[ast.Constant] = field(default_factory=list)
+    strings: list[tuple[ast.Constant, str]] = field(default_factory=list)
+    """String constants, each with its text."""
     triton_kernels: dict[str, FunctionNode] = field(default_factory=dict)
 
     def resolve(self, expr: ast.expr) -> str | None:
@@ -394,10 +395,9 @@ class _Collector(ast.NodeVisitor):
             self.facts.bindings.append(Binding(target.id, in_class_body, self._class, value))
         elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             self.facts.bindings.append(Binding(target.attr, True, self._class, value))
-        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)):
-            if len(target.elts) == len(value.elts):
-                for t, v in zip(target.elts, value.elts):
-                    self._bind(t, v)
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
+            for t, v in zip(target.elts, value.elts, strict=True):
+                self._bind(t, v)
 
     def visit_Call(self, node: ast.Call) -> None:
         self.facts.calls.append(node)
@@ -437,7 +437,7 @@ class _Collector(ast.NodeVisitor):
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str):
-            self.facts.strings.append(node)
+            self.facts.strings.append((node, node.value))
 
 
 def collect(tree: ast.Module) -> Facts:
@@ -547,8 +547,8 @@ def _op_namespaces(facts: Facts) -> set[str]:
             name = next((k.value for k in call.keywords if k.arg == "name"), call.args[0] if call.args else None)
             if isinstance(name, ast.Constant) and isinstance(name.value, str):
                 namespaces.add(name.value)
-    for s in facts.strings:
-        for chunk in s.value.split("TORCH_LIBRARY")[1:]:
+    for _, text in facts.strings:
+        for chunk in text.split("TORCH_LIBRARY")[1:]:
             # TORCH_LIBRARY(ns, m) and TORCH_LIBRARY_IMPL(ns, CUDA, m): the namespace is the first argument.
             args = chunk.split("(", 1)[-1]
             namespaces.add(args.split(",", 1)[0].strip())
@@ -609,9 +609,13 @@ def _callees(facts: Facts, load: ast.expr, self_class: str | None) -> Iterator[R
         elif load.attr in facts.classes:
             yield from _methods(facts, load.attr)
         for b in facts.self_bindings(self_class):
-            if b.target == load.attr and isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name):
-                if b.value.func.id in facts.classes:
-                    yield from _methods(facts, b.value.func.id)
+            if (
+                b.target == load.attr
+                and isinstance(b.value, ast.Call)
+                and isinstance(b.value.func, ast.Name)
+                and b.value.func.id in facts.classes
+            ):
+                yield from _methods(facts, b.value.func.id)
     elif isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super":
         for base in facts.mro(self_class)[1:]:
             if (base, load.attr) in facts.functions:
@@ -709,10 +713,10 @@ def _patching_call(facts: Facts, call: ast.Call) -> list[str]:
 
 def check_escapes(facts: Facts) -> list[str]:
     found = []
-    for path, node in facts.imports:
-        if path.split(".")[0] in FORBIDDEN_MODULES or any(path.startswith(m) for m in FORBIDDEN_SUBMODULES):
+    for imported, node in facts.imports:
+        if imported.split(".")[0] in FORBIDDEN_MODULES or any(imported.startswith(m) for m in FORBIDDEN_SUBMODULES):
             found.append(
-                f"line {_line(node)}: imports {path}; threads, subprocesses, signals, sockets and ctypes are not "
+                f"line {_line(node)}: imports {imported}; threads, subprocesses, signals, sockets and ctypes are not "
                 "allowed in a candidate, so do the work in your kernel on the calling thread"
             )
     found += [
@@ -763,10 +767,10 @@ def check_deferred_outputs(facts: Facts) -> list[str]:
                 f"line {_line(node)}: defines {node.name}, which intercepts PyTorch operators; "
                 "compute the output in your kernel during forward instead"
             )
-    for path, stmt in facts.imports:
-        if path.startswith(INTERCEPT_MODULES):
+    for imported, stmt in facts.imports:
+        if imported.startswith(INTERCEPT_MODULES):
             found.append(
-                f"line {_line(stmt)}: imports {path}, which intercepts operators or builds tensor subclasses; "
+                f"line {_line(stmt)}: imports {imported}, which intercepts operators or builds tensor subclasses; "
                 "return plain tensors computed by your kernel"
             )
     for load in facts.loads:
@@ -900,11 +904,11 @@ def warn_streams(facts: Facts) -> list[str]:
         for load in facts.loads
         if facts.resolve(load) in STREAM_CLASSES
     ]
-    for s in facts.strings:
+    for node, text in facts.strings:
         for needle in STREAM_SOURCE_CALLS:
-            at = s.value.find(needle)
+            at = text.find(needle)
             if at >= 0:
-                line = _line(s) + s.value.count("\n", 0, at)
+                line = _line(node) + text.count("\n", 0, at)
                 found.append(f"line {line}: the kernel source creates a CUDA stream ({needle}); {advice}")
     return found
 

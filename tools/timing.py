@@ -124,4 +124,4 @@ class Timer:
                 after_call(i, args, out)
             del args, out
         torch.cuda.synchronize(self.device)
-        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]

@@ -105,7 +105,7 @@ def mixed_inputs(pool: list[list[Any]], rng: random.Random) -> list[Any]:
         else a.clone()
         if isinstance(a, torch.Tensor)
         else a
-        for a, b in zip(pool[first], pool[second])
+        for a, b in zip(pool[first], pool[second], strict=True)
     ]
 
 
@@ -156,7 +156,7 @@ class TimedOutputCheck:
         problem = ""
         if len(actual) != len(expected):
             problem = f"returned {len(actual)} tensors, expected {len(expected)}"
-        for k, (exp, act) in enumerate(zip(expected, actual)):
+        for k, (exp, act) in enumerate(zip(expected, actual, strict=False)):
             exp, act = sampled(exp, act)
             cmp = compare(exp, act, self.cfg, which="output" if len(expected) == 1 else f"output {k}")
             if not cmp.passed:
@@ -196,11 +196,11 @@ def _baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, m
     if cfg.time_compiled_reference:
         try:
             compiled = timer.time(torch.compile(ref_model), make_args, max(cfg.warmup, 1), cfg.trials).stats
-        except Exception as exc:  # torch.compile can fail on a machine without a toolchain: the report says why
+        except Exception as exc:  # noqa: BLE001 - torch.compile can fail on a machine without a toolchain: the report says why
             compiled_error = f"{type(exc).__name__}: {str(exc).strip()[:_COMPILED_ERROR_CHARS]}"
     try:
         roofline = reference_roofline_ms(ref_model, program.inputs(cfg.seed + 1_000_003), program.device)
-    except Exception as exc:  # information only: an op the counter cannot follow leaves it unknown
+    except Exception as exc:  # noqa: BLE001 - information only: an op the counter cannot follow leaves it unknown
         print(f"no roofline for the reference: {exc}", file=sys.stderr)
         roofline = None
     return Baseline(reference=reference, compiled=compiled, roofline_ms=roofline, compiled_error=compiled_error)

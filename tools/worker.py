@@ -7,6 +7,7 @@ so the cost of importing torch is paid once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -190,7 +191,7 @@ class Worker:
     def _run_once(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
         if not self.alive:
             self.start()
-        assert self.conn is not None and self.proc is not None
+        assert self.conn is not None and self.proc is not None and self.log_path is not None
         try:
             self.conn.send(job)
         except (BrokenPipeError, OSError):
@@ -270,8 +271,6 @@ class Worker:
         # cached many GB takes seconds: end it at once.
         if self.proc is not None:
             sandbox.kill_tree(self.proc.pid)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         self._cleanup()

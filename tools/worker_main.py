@@ -249,7 +249,7 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
         return JobReply(failure=exc.status, message=exc.message, stage_seconds=seconds, fatal=exc.fatal, **parts)
     except Rejected as exc:
         return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, **parts)
-    except Exception as exc:  # candidate code may raise anything: it becomes the candidate's status
+    except Exception as exc:  # noqa: BLE001 - candidate code may raise anything: it becomes the candidate's status
         status, fatal = classify(exc)
         return JobReply(failure=status, message=f"{stage.value}: {describe(exc)}", stage_seconds=seconds, fatal=fatal, **parts)
     return JobReply(stage_seconds=seconds, **parts)
@@ -261,7 +261,7 @@ def _release_device_memory(reply: JobReply) -> JobReply:
     try:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    except Exception as exc:  # whatever the runtime raises after a fault is the candidate's doing
+    except Exception as exc:  # noqa: BLE001 - whatever the runtime raises after a fault is the candidate's doing
         status, _ = classify(exc)
         if status is EvalStatus.CUDA_FAULT and not reply.fatal:
             return reply.model_copy(update={"failure": status, "message": f"after the job: {describe(exc)}", "fatal": True})

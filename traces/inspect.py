@@ -151,7 +151,7 @@ def filter_summaries(
 
 
 def sort_summaries(summaries: Iterable[TrajectorySummary], key: SortKey = SortKey.TASK) -> list[TrajectorySummary]:
-    def identity(s: TrajectorySummary) -> tuple[str, str, int, str]:
+    def identity(s: TrajectorySummary) -> tuple[str, str, int, str, str]:
         return (s.id.task, s.id.variant, s.id.sample, s.id.strategy, s.id.precision)
 
     by_identity = sorted(summaries, key=identity)

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
@@ -48,7 +49,7 @@ class Estimate(BaseModel):
 
     def excludes(self, point: float) -> bool:
         """Whether the interval lies wholly on one side of `point` (False without an interval)."""
-        return self.has_interval and (self.low > point or self.high < point)  # type: ignore[operator]  # checked by has_interval
+        return self.low is not None and self.high is not None and (self.low > point or self.high < point)
 
 
 def _rng_argument() -> dict[str, object]:
@@ -57,7 +58,7 @@ def _rng_argument() -> dict[str, object]:
     return {name: np.random.default_rng(SEED)}
 
 
-def _bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray]) -> tuple[float, float] | None:
+def _bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., npt.ArrayLike]) -> tuple[float, float] | None:
     """The interval of `statistic` over the units (paired across `data`), or None if it cannot be had."""
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -71,7 +72,7 @@ def _bootstrap(data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray
                     method=method,
                     paired=True,
                     vectorized=True,
-                    **_rng_argument(),  # type: ignore[arg-type]  # rng or random_state
+                    **_rng_argument(),
                 )
             except ValueError:
                 continue
@@ -138,14 +139,14 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Estimate:
     """The mean of b - a over paired units (the same tasks), with its interval."""
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
-    return mean_interval([y - x for x, y in zip(a, b)])
+    return mean_interval([y - x for x, y in zip(a, b, strict=True)])
 
 
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Estimate:
     """The geometric mean of b / a over paired units with positive values on both sides, and its interval."""
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
-    logs = [math.log(y) - math.log(x) for x, y in zip(a, b) if x > 0 and y > 0]
+    logs = [math.log(y) - math.log(x) for x, y in zip(a, b, strict=True) if x > 0 and y > 0]
     on_log = mean_interval(logs)
     if on_log.value is None:
         return on_log

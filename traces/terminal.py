@@ -9,7 +9,7 @@ holding long names folds.
 from __future__ import annotations
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -49,9 +49,9 @@ def add_name_column(table: Table, header: str) -> None:
     table.add_column(header, overflow="fold", min_width=min(len(header), 8), ratio=1)
 
 
-def add_number_column(table: Table, header: str, justify: str = "right") -> None:
+def add_number_column(table: Table, header: str, justify: JustifyMethod = "right") -> None:
     """A column of numbers: never wrapped or cut; its header may wrap onto two lines."""
-    table.add_column(Text(header, overflow="fold"), justify=justify, no_wrap=True)  # type: ignore[arg-type]  # justify is a literal
+    table.add_column(Text(header, overflow="fold"), justify=justify, no_wrap=True)
 
 
 def print_table(console: Console, table: Table, wide: bool = False) -> None:

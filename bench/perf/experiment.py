@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agent.config import LoopSettings, ModelSettings
 from agent.scripted import scripted_model
 from bench.experiment import ExperimentConfig, run_experiment
 from tools.config import EvalConfig
@@ -52,13 +53,11 @@ def experiment(
         levels=[2],
         tasks="9_bias_tanh_clamp_chain",
         variants=["G+E"],
-        turns=turns,
+        loop=LoopSettings(turns=turns, hardware_prompt=False, target_speedup=1e9 if turns > 1 else 0.0),
         samples=samples,
         workers=workers,
         concurrency=concurrency or max(2, 2 * workers),
-        hardware_prompt=False,
-        target_speedup=1e9 if turns > 1 else 0.0,
-        llm={"model": "scripted:inline"},
+        llm=ModelSettings(model="scripted:inline"),
         eval=EvalConfig(trials=trials, warmup=2, correctness_trials=3, time_compiled_reference=False, cache_dir=cache),
     )
     model = scripted_model([fence((SOLUTIONS / "9_bias_tanh_clamp_chain.py").read_text())])

@@ -35,7 +35,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _program(task: Task, device: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": f"refinery_measure_{task.name}"}
-    exec(compile(task.source_for(device), str(task.path), "exec"), namespace)
+    exec(compile(task.source_for(device), str(task.path), "exec"), namespace)  # noqa: S102 - a built-in task program
     return namespace
 
 
@@ -121,14 +121,14 @@ def main(argv: list[str] | None = None) -> None:
         # the meta device) is a row with its reason, never the end of the listing.
         try:
             wall_ms, thread_ms = reference_ms(task, args.device, args.repeats, args.budget)
-        except Exception as exc:  # any error of the task's own code is that task's row
+        except Exception as exc:  # noqa: BLE001 - any error of the task's own code is that task's row
             failed += 1
             print(f"{task.key:<{width}}  reference failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}", flush=True)
             continue
         try:
             gpu = gpu_estimate(task)
             estimate = f"{gpu['input_gb']:9.2f}  {gpu['traffic_gb']:10.2f}  {gpu['gflop']:7.1f}  {gpu['est_ms']:7.2f}"
-        except Exception as exc:  # the meta-device count is an estimate; the timing above stands
+        except Exception as exc:  # noqa: BLE001 - the meta-device count is an estimate; the timing above stands
             estimate = f"no estimate: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
         print(f"{task.key:<{width}}  {wall_ms:7.1f}  {thread_ms:7.1f}  {estimate}", flush=True)
     print(f"{len(tasks) - failed} of {len(tasks)} tasks ran")

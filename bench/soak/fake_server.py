@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -118,8 +118,8 @@ class _Server(ThreadingHTTPServer):
 @contextmanager
 def serve(replies: Replies, log: ServerLog, plan: FaultPlan | None = None) -> Iterator[str]:
     """Run the endpoint; yields its base URL (".../v1"). No plan: no faults."""
-    plan = plan or FaultPlan()
-    rng = random.Random(plan.seed)
+    faults = plan or FaultPlan()
+    rng = random.Random(faults.seed)
     stop = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
@@ -143,10 +143,8 @@ def serve(replies: Replies, log: ServerLog, plan: FaultPlan | None = None) -> It
                 # SO_LINGER 0: close sends a TCP RST instead of a FIN.
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
-            try:
+            with suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
         def _reply_text(self, prompt: str) -> str:
             """Call with log.lock held."""
@@ -168,20 +166,20 @@ def serve(replies: Replies, log: ServerLog, plan: FaultPlan | None = None) -> It
                 log.auth_headers.append(self.headers.get("authorization", ""))
                 if log._pending[key] > 0:
                     log.retries += 1
-                kind = _fault(plan, log, key, rng)
+                kind = _fault(faults, log, key, rng)
                 log._pending[key] = 0 if kind is None else log._pending[key] + 1
                 # A truncated body is cut from the reply the request would have had.
                 text = self._reply_text(prompt) if kind in (None, "truncated") else ""
             if kind is not None and (status := _HTTP.fullmatch(kind)):
                 code = int(status.group(1))
                 error = {"error": {"message": f"injected HTTP {code}", "type": _ERROR_TYPE.get(code, "injected")}}
-                self._send(code, json.dumps(error).encode(), {"retry-after": f"{plan.retry_after_s:g}"} if code == 429 else None)
+                self._send(code, json.dumps(error).encode(), {"retry-after": f"{faults.retry_after_s:g}"} if code == 429 else None)
                 return
             if kind == "reset":
                 self._drop(reset=True)
                 return
             if kind == "stall":
-                stop.wait(plan.stall_s)
+                stop.wait(faults.stall_s)
                 self._drop(reset=False)
                 return
             payload = json.dumps(_completion(text, len(prompt) // 4)).encode()

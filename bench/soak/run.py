@@ -16,6 +16,7 @@ directory, and the two tables must agree on their deterministic parts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -265,7 +266,8 @@ class Totals:
             f"duplicated trajectories after the resume: {self.duplicated}",
             f"stray processes after a round: {self.stray_processes}",
             f"final table equal to the fault-free table: {'yes' if self.tables_differ == 0 and self.tables_equal else 'no'}"
-            f" ({self.tables_equal} of {self.tables_equal + self.tables_differ} rounds; trajectory outcomes differ in {self.outcomes_differ})",
+            f" ({self.tables_equal} of {self.tables_equal + self.tables_differ} rounds;"
+            f" trajectory outcomes differ in {self.outcomes_differ})",
         ]
 
     def figures(self, minutes: float) -> dict[str, object]:
@@ -567,10 +569,8 @@ def run_round(
     totals.stray_processes += len(stray)
     for p in stray:
         say(f"round {index}: stray process {p.pid} {' '.join(p.cmdline()[:4])}; ending it")
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     totals.rounds += 1
 
 
