@@ -1,4 +1,4 @@
-# kernel-refinery: `make setup`, `make test`, `make demo`.
+# kernel-refinery: `make setup`, `make lint`, `make test`, `make demo`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,6 +17,7 @@ endif
 
 help:
 	@echo "make setup     create .venv/ with the refinery command"
+	@echo "make lint      ruff check, ruff format --check, mypy; each '# type: ignore' with a code and a reason"
 	@echo "make test      run the test suite (CPU)"
 	@echo "make test-gpu  run the GPU tests (needs CUDA)"
 	@echo "make demo      a real refinement experiment on 3 built-in CPU tasks"
@@ -31,6 +32,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# A `# type: ignore` names its error code and says why on the same line: `# type: ignore[code]  # why`.
+lint: $(STAMP)
+	@bad=$$(grep -rnE --include='*.py' '#\s*type:\s*ignore' agent tools traces bench tests prompts \
+		| grep -vE '#\s*type:\s*ignore\[[^]]+\]\s+#\s*\S'); \
+	if [ -n "$$bad" ]; then echo "$$bad"; echo "lint: write each '# type: ignore' as '# type: ignore[code]  # why'"; exit 1; fi
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=8
