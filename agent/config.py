@@ -57,6 +57,11 @@ class ModelSettings(BaseModel):
     max_tokens: int = 4096
     timeout_s: float = 600.0
     retries: int = Field(6, description="attempts on rate limits, timeouts and 5xx")
+    reuse_replies: bool = Field(
+        True,
+        description="at temperature 0, a prompt already sent in this run gets the reply it got then, not a second "
+        "greedy decode (turn 1's prompt is the same in every variant, so each variant starts from the same kernel)",
+    )
 
     @property
     def embedded(self) -> bool:

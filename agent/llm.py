@@ -14,6 +14,7 @@ from typing import Any
 
 import openai
 import structlog
+from langchain_core.caches import InMemoryCache
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import RunnableConfig
@@ -110,6 +111,9 @@ def build_chat_model(settings: ModelSettings, base_url: str | None = None) -> Ba
 
         cls = LocalChatOpenAI
     return cls(
+        # A greedy decode of the same prompt is the same reply; reusing it saves a generation per variant
+        # on turn 1 and removes llama.cpp's batch-order noise from the comparison between variants.
+        cache=InMemoryCache() if settings.reuse_replies and settings.temperature == 0 else False,
         model=settings.model,
         base_url=url,
         api_key=key or SecretStr("not-needed"),

@@ -364,3 +364,22 @@ def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(
         run_id="r",
     )
     assert result.turns == 2 and [r.status for r in read_trace(result.trace)] == ["no_code", "no_code"]
+
+
+@pytest.mark.parametrize(("temperature", "requests"), [(0.0, 1), (0.7, 2)])
+def test_a_greedy_prompt_sent_twice_is_answered_once(temperature: float, requests: int) -> None:
+    """At temperature 0 every variant's turn 1 is the same prompt: it reaches the endpoint once."""
+    from langchain_core.messages import HumanMessage
+
+    from agent.llm import call_model
+    from bench.soak.fake_server import ServerLog, serve
+
+    log = ServerLog()
+    with serve(["first reply", "second reply"], log) as url:
+        settings = ModelSettings(model="gpt-test", base_url=url, api_key_env="REFINERY_NO_KEY", temperature=temperature)
+        model = build_chat_model(settings)
+        replies = [call_model(model, [HumanMessage("write relu")], settings).text for _ in range(2)]
+        other = call_model(model, [HumanMessage("write gelu")], settings).text
+    assert log.requests == requests + 1
+    assert replies == (["first reply"] * 2 if temperature == 0 else ["first reply", "second reply"])
+    assert other != replies[0], "a different prompt is a new call"
