@@ -58,7 +58,9 @@ class ExperimentConfig(BaseModel):
     loop: LoopSettings = Field(LoopSettings(), description="turns, target speedup and hardware prompt (the variant is each of `variants`)")
     eval: EvalConfig = EvalConfig()
     search: SearchSettings = Field(SearchSettings(), description="strategy options and the budget that caps each run")
-    workers: int = Field(0, ge=0, description="evaluation workers; 0: one per GPU, or one per core on CPU")
+    workers: int = Field(
+        0, ge=0, description="evaluation workers; 0: half the host's cores on GPUs (at least one per GPU), one per core on CPU"
+    )
     concurrency: int = Field(4, ge=1, description="trajectories (and LLM calls) in flight at once")
     executor: Literal["local", "ray"] = "local"
 
@@ -109,11 +111,15 @@ class ExperimentConfig(BaseModel):
     def worker_count(self) -> int:
         if self.workers:
             return self.workers
+        cores = len(os.sched_getaffinity(0))
         if self.eval.device == "cuda":
             from tools.pool import gpu_count
 
-            return max(1, gpu_count())
-        return max(1, len(os.sched_getaffinity(0)))
+            # Compiles take most of a candidate's time and need no GPU: the pool's workers compile in
+            # parallel (ninja runs the host and the nvcc file side by side, hence two cores each) while
+            # each GPU's lock lets one of them run at a time.
+            return max(1, gpu_count(), cores // 2)
+        return max(1, cores)
 
 
 CONFIG_SCHEMA_VERSION = 1
