@@ -48,3 +48,26 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
         {"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": {"extra_include_paths": ["/mine"], "functions": ["f"]}}
     )
     assert cpp_name == f"k_{key[:12]}"
+
+
+def test_a_workers_build_takes_the_header_from_the_real_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers run with a HOME of their own; the header's place is passed to them, so their builds see it."""
+    from candidates import candidate
+
+    from tools.config import EvalConfig
+    from tools.evaluator import Evaluator
+    from tools.jobs import TaskProgram
+    from tools.results import EvalStatus, Stage
+
+    root = tmp_path / "pch"
+    monkeypatch.setenv("REFINERY_PCH_DIR", str(root))
+    directory = pch.header_dir(root=root)
+    directory.mkdir(parents=True)
+    (directory / "ok").write_text("ok\n")  # no .gch inside: GCC parses the header as usual, only the path is checked
+    source = (Path(__file__).parent / "fixtures" / "small_relu_task.py").read_text()
+    config = EvalConfig(device="cpu", trials=3, warmup=1, time_compiled_reference=False, cache_dir=tmp_path / "cache", cpu_threads=1)
+    with Evaluator(config) as evaluator:
+        result = evaluator.run(TaskProgram(name="small_relu", source=source), candidate("return ext.relu_fwd(x)"), (Stage.COMPILE,))
+    assert result.status is not EvalStatus.COMPILE_ERROR, result.message
+    (ninja,) = (tmp_path / "cache" / "extensions").glob("*/build.ninja")
+    assert f"-I{directory}" in ninja.read_text() or f"-I {directory}" in ninja.read_text()

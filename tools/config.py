@@ -40,6 +40,13 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "kernel-refinery"
 
 
+def default_pch_dir() -> Path:
+    """The precompiled headers of this machine (tools/pch.py); REFINERY_PCH_DIR moves it. Workers get
+    it passed explicitly, since they run with a HOME of their own."""
+    override = os.environ.get("REFINERY_PCH_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "kernel-refinery" / "pch"
+
+
 class Guards(BaseModel):
     """Guards against stale, aliased, deferred or decoy outputs; each can be switched off for an
     ablation or a cost benchmark, and the settings in force travel with every result."""
@@ -91,6 +98,11 @@ class EvalConfig(BaseModel):
     trials: int = Field(100, ge=1, description="timed calls of each of reference and candidate")
     time_compiled_reference: bool = True
     """Also time torch.compile of the reference (costs a compile per task; cached per run)."""
+    baseline_cache: bool = True
+    """Keep reference timings on disk (cache_dir/baselines) for new workers and later runs; a stored
+    one is used only after a short re-timing of the reference in the worker agrees with it."""
+    remeasure_baselines: bool = False
+    """Time every reference in full even when a stored baseline exists, and overwrite the file."""
     reverify_speedup: float = 10.0
     reverify_trials: int = 10
     profile_rows: int = 12

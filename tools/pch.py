@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from tools.config import default_pch_dir
+
 PCH_FLAGS = ("-O3", "-fopenmp")
 """The extra_cflags of prompts/examples/sigmoid_cpp.py: the header is valid for extensions built with these."""
 
@@ -61,10 +63,8 @@ def header_cflags(extra_cflags: tuple[str, ...] = PCH_FLAGS) -> list[str]:
     return [f for f in shlex.split(line.removeprefix("cflags = ")) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
 
 
-def default_root() -> Path:
-    """Shared by every run and test on the machine (REFINERY_PCH_DIR moves it): the key says what it was built for."""
-    override = os.environ.get("REFINERY_PCH_DIR")
-    return Path(override) if override else Path.home() / ".cache" / "kernel-refinery" / "pch"
+default_root = default_pch_dir
+"""Shared by every run and test on the machine (REFINERY_PCH_DIR moves it): the key says what it was built for."""
 
 
 def header_dir(extra_cflags: tuple[str, ...] = PCH_FLAGS, root: Path | None = None) -> Path:

@@ -25,6 +25,7 @@ import structlog
 
 import tools
 from tools import sandbox
+from tools.config import default_pch_dir
 from tools.faults import cuda_fault_in
 from tools.jobs import EvalJob, JobReply
 from tools.results import EvalStatus
@@ -94,6 +95,8 @@ class Worker:
         extra = {
             "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
             "HOME": str(self.workdir),
+            # Found under the real HOME, which the worker does not see: without it no build takes the header.
+            "REFINERY_PCH_DIR": str(default_pch_dir()),
             "OMP_NUM_THREADS": str(self.threads),
             # Spinning OpenMP threads of torch's runtime and a candidate's own libgomp starve each
             # other on a small machine; sleeping waits keep both timings honest.
