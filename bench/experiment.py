@@ -303,7 +303,9 @@ def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
     ]
 
 
-_RUNTIME_ONLY = {"workers", "concurrency", "executor", "eval.cache_dir"}
+_RUNTIME_ONLY = {"workers", "concurrency", "executor", "eval.cache_dir", "llm.timeout_s", "llm.retries"}
+"""Settings that say how a run is carried out, not what it measures: a resumed run may change them
+(more workers, or a longer wait for a slow model on a busy machine)."""
 _PRECISION_FIELDS = {"eval.precision", "eval.tolerance", "eval.allow_tf32"}
 """Evaluator settings that may differ between invocations sharing a run directory: each precision's
 trajectories are its own (TrajectoryRecord.run_key), and precisions.json pins its tolerance and TF32."""
