@@ -167,6 +167,12 @@ class TimingReport(Frozen):
     """Speed-of-light floor: the outputs' bytes at the device's peak bandwidth plus a launch."""
     reference_roofline_ms: float | None = None
     """Information only: the reference's bytes moved and FLOPs at the device's peaks."""
+    reference_source: Literal["measured", "cached"] = "measured"
+    """Where the reference's timings came from: timed in full by this worker, or read from the
+    baseline cache after a spot check in this worker agreed with them (see tools/baseline_cache.py)."""
+    reference_spot_ms: float | None = None
+    """The median of the spot check, whenever one ran: with "cached", the check that let the stored
+    baseline be used; with "measured", the one that rejected it."""
 
 
 class ProfileRow(Frozen):

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
+import structlog
 import torch
 
+from tools.baseline_cache import BaselineStore, StoredBaseline, agrees, baseline_key, baseline_setting, spot_calls
 from tools.config import EvalConfig
 from tools.correctness import Rejected, compare
 from tools.jobs import StageFailed
@@ -34,6 +36,8 @@ _SEED_STRIDE = 7919
 _COMPILED_ERROR_CHARS = 500
 _FIRST_TIMING_SEED = 50_000_017
 
+log = structlog.get_logger()
+
 
 @dataclass(frozen=True)
 class Baseline:
@@ -44,6 +48,10 @@ class Baseline:
     roofline_ms: float | None
     compiled_error: str | None = None
     """Why torch.compile of the reference gave no baseline, when it failed."""
+    source: Literal["measured", "cached"] = "measured"
+    """"measured" in this worker, or "cached": read from disk and confirmed by a spot check here."""
+    spot_ms: float | None = None
+    """The spot check's median, whenever one ran: measured with it, the stored baseline disagreed."""
 
 
 def call_seed(cfg: EvalConfig, call: int, salt: int) -> int:
@@ -206,6 +214,41 @@ def _baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, m
     return Baseline(reference=reference, compiled=compiled, roofline_ms=roofline, compiled_error=compiled_error)
 
 
+def _stored_or_measured(
+    timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, key: tuple[Any, ...], store: BaselineStore | None
+) -> Baseline:
+    """The baseline from disk when a spot check of the reference in this process agrees with it, else measured (and stored)."""
+    if store is None:
+        return _baseline(timer, program, cfg, ref_model, args_for_calls(program, cfg).make)
+    setting = baseline_setting(cfg, program.device, key)
+    digest = baseline_key(setting)
+    stored = None if cfg.remeasure_baselines else store.load(digest)
+    spot = None
+    if stored is not None:
+        # Timed as the full measurement is (same inputs, warm-up and clock), only fewer calls.
+        spot = timer.time(ref_model, args_for_calls(program, cfg).make, cfg.warmup, spot_calls(cfg)).stats.median
+        if agrees(stored.reference.median, spot):
+            reference = Timed(stored.reference, stored.reference_samples_ms)
+            return Baseline(reference, stored.compiled, stored.roofline_ms, source="cached", spot_ms=spot)
+        log.info(
+            "stored baseline disagrees with the reference timed now; measuring it again", stored_ms=stored.reference.median, spot_ms=spot
+        )
+    base = replace(_baseline(timer, program, cfg, ref_model, args_for_calls(program, cfg).make), spot_ms=spot)
+    # A failed torch.compile may be transient (a timeout, a busy compiler): the next worker tries again.
+    if base.compiled_error is None:
+        store.save(
+            StoredBaseline(
+                key=digest,
+                setting=setting,
+                reference=base.reference.stats,
+                reference_samples_ms=base.reference.samples_ms,
+                compiled=base.compiled,
+                roofline_ms=base.roofline_ms,
+            )
+        )
+    return base
+
+
 def time_candidate(
     timer: Timer,
     program: Program,
@@ -214,11 +257,13 @@ def time_candidate(
     new_model: Any,
     baselines: dict[tuple[Any, ...], Baseline],
     baseline_key: tuple[Any, ...],
+    store: BaselineStore | None = None,
 ) -> TimingReport:
-    """Time both sides; raises Rejected or StageFailed when a guard fires."""
+    """Time both sides; raises Rejected or StageFailed when a guard fires. With a store, the first
+    baseline of a key in this worker may come from disk (see tools/baseline_cache.py)."""
     key = (*baseline_key, cfg.guards.fresh_inputs, cfg.guards.fresh_input_source)
     if key not in baselines:
-        baselines[key] = _baseline(timer, program, cfg, ref_model, args_for_calls(program, cfg).make)
+        baselines[key] = _stored_or_measured(timer, program, cfg, ref_model, key, store)
     calls = args_for_calls(program, cfg)
     make_args = calls.make
     base = baselines[key]
@@ -246,6 +291,8 @@ def time_candidate(
         checked_calls=tuple(sorted(check.seen)),
         floor_ms=floor,
         reference_roofline_ms=base.roofline_ms,
+        reference_source=base.source,
+        reference_spot_ms=base.spot_ms,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tools import sandbox
+from tools.baseline_cache import store_for
 from tools.compile_cache import CompileCache, CompileFailed, CompileLedger
 from tools.correctness import (
     Rejected,
@@ -189,7 +190,7 @@ def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
         cfg.precision,
         cfg.allow_tf32,
     )
-    report = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key)
+    report = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key, store_for(cfg))
     tampered = state.integrity.check()
     if tampered:
         raise StageFailed(EvalStatus.REJECTED, tampered)

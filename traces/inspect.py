@@ -309,7 +309,9 @@ def verdict_of(record: TurnRecord) -> TurnVerdict:
     if result.timing is not None:
         t = result.timing
         details.append(("candidate", f"{t.candidate.median:.4f} ms median ({t.candidate.trials} trials, {t.candidate.clock})"))
-        details.append(("reference", f"{t.reference.median:.4f} ms median"))
+        details.append(
+            ("reference", f"{t.reference.median:.4f} ms median" + (" (cached, spot-checked)" if t.reference_source == "cached" else ""))
+        )
         if t.reference_compiled is not None:
             details.append(("torch.compile", f"{t.reference_compiled.median:.4f} ms median"))
         elif t.compiled_error:

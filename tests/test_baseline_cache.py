@@ -1,0 +1,168 @@
+"""Reference baselines on disk: a new worker reuses one only after re-timing the reference agrees with it.
+
+Each test runs real workers and names the path that fired in the report's `reference_source`.
+The task's reference sleeps 10 ms per call, so its time barely moves with the load of this machine
+and the spot check's verdict is decided by the test, not by the scheduler; every test has a task
+of its own (a nonce in its source), so no file is shared between tests or with earlier runs.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from candidates import candidate
+
+from tools.baseline_cache import StoredBaseline
+from tools.config import EvalConfig
+from tools.evaluator import Evaluator
+from tools.jobs import TaskProgram
+from tools.programs import source_hash
+from tools.results import Stage, TimingReport
+from tools.worker import Worker
+
+SLEEPY_TASK = """# {nonce}
+import time
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(0.01)
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+# Any precision: the shared kernel reads float32.
+CANDIDATE = candidate("return ext.relu_fwd(x.float()).to(x.dtype)")
+TAGS = ("cached", "trials", "precision", "source", "doctored", "remeasure", "corrupt")
+
+
+@pytest.fixture(scope="module")
+def config(cpu_config: EvalConfig) -> EvalConfig:
+    # 5 trials keep every file small and quick; the 10 ms reference is far from any speed-up worth re-verifying.
+    return cpu_config.model_copy(update={"trials": 5, "warmup": 1, "reverify_speedup": 1e9, "baseline_cache": True})
+
+
+@pytest.fixture(scope="module")
+def tasks() -> dict[str, TaskProgram]:
+    return {tag: TaskProgram(name=f"sleepy_{tag}", source=SLEEPY_TASK.format(nonce=uuid.uuid4())) for tag in TAGS}
+
+
+@pytest.fixture(scope="module")
+def first(config: EvalConfig, tasks: dict[str, TaskProgram]) -> Iterator[Worker]:
+    """The worker that measures every test's task once, and so stores its baseline."""
+    with Evaluator(config) as ev:
+        for task in tasks.values():
+            assert timed(ev, task).reference_source == "measured", "a task never seen is measured"
+        yield ev.worker
+
+
+@pytest.fixture(scope="module")
+def second(config: EvalConfig, first: Worker) -> Iterator[Worker]:
+    """A new worker process: its memory holds no baseline, so any it reuses came from disk.
+
+    Every test gives it a task of its own, so one process serves them all (fewer starts on a slow machine)."""
+    with Evaluator(config) as ev:
+        yield ev.worker
+    assert ev.worker.starts == 1, "the worker was never restarted: no test lost its memory"
+
+
+def timed(ev: Evaluator, task: TaskProgram) -> TimingReport:
+    result = ev.run(task, CANDIDATE, (Stage.TIMING,))
+    assert result.status is None and result.timing is not None, result.message
+    return result.timing
+
+
+def stored_file(config: EvalConfig, task: TaskProgram) -> Path:
+    """The one file of this task at this trials and precision."""
+    found = []
+    for path in (config.cache_dir / "baselines").glob("*.json"):
+        try:
+            setting = StoredBaseline.model_validate_json(path.read_text()).setting
+        except ValueError:  # another test's corrupt file
+            continue
+        if setting["worker_key"][0] == source_hash(task.source) and (setting["trials"], setting["precision"]) == (
+            config.trials,
+            config.precision,
+        ):
+            found.append(path)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(
+    config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker
+) -> None:
+    stored = StoredBaseline.model_validate_json(stored_file(config, tasks["cached"]).read_text())
+    report = timed(Evaluator(config, worker=second), tasks["cached"])
+    assert report.reference_source == "cached", (
+        f"path: disk hit, spot check agreed (stored {stored.reference.median}, spot {report.reference_spot_ms})"
+    )
+    assert report.reference.median == stored.reference.median
+    assert report.reference_spot_ms is not None and report.reference_spot_ms == pytest.approx(stored.reference.median, rel=0.1)
+    assert report.speedup == pytest.approx(stored.reference.median / report.candidate.median)
+
+
+@pytest.mark.parametrize("change", ["trials", "precision", "source"])
+def test_a_changed_setting_or_task_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], first: Worker, change: str) -> None:
+    task = tasks[change]
+    if change == "trials":
+        config = config.model_copy(update={"trials": config.trials + 1})
+    elif change == "precision":
+        config = config.model_copy(update={"precision": "bf16"})
+    else:
+        task = TaskProgram(name=task.name, source=task.source + "\n# the same Model, another source\n")
+    # The first worker's memory misses as well (its key holds the same), so the disk decides; and the
+    # sleeping reference would pass the spot check: only the key keeps the stored file out.
+    report = timed(Evaluator(config, worker=first), task)
+    assert report.reference_source == "measured", f"path: miss, {change} is part of the key"
+    assert report.reference_spot_ms is None
+    stored_file(config, task)  # stored under its own key
+
+
+def test_a_stored_median_far_off_fails_the_spot_check_and_is_replaced(
+    config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker
+) -> None:
+    path = stored_file(config, tasks["doctored"])
+    data = json.loads(path.read_text())
+    for field in ("median", "mean", "std", "min", "max"):
+        data["reference"][field] *= 10
+    data["reference_samples_ms"] = [10 * s for s in data["reference_samples_ms"]]
+    path.write_text(json.dumps(data))
+    doctored = data["reference"]["median"]
+    report = timed(Evaluator(config, worker=second), tasks["doctored"])
+    assert report.reference_source == "measured", "path: disk hit, spot check disagreed, measured again"
+    assert report.reference_spot_ms is not None and report.reference_spot_ms < doctored / 5, "the spot check ran, and saw the truth"
+    assert report.reference.median < doctored / 5
+    rewritten = StoredBaseline.model_validate_json(path.read_text())
+    assert rewritten.reference.median == report.reference.median, "the file holds the new measurement"
+
+
+def test_remeasure_baselines_measures_and_overwrites(config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker) -> None:
+    path = stored_file(config, tasks["remeasure"])
+    before = StoredBaseline.model_validate_json(path.read_text())
+    report = timed(Evaluator(config.model_copy(update={"remeasure_baselines": True}), worker=second), tasks["remeasure"])
+    assert report.reference_source == "measured" and report.reference_spot_ms is None, "path: remeasure_baselines, the file is not read"
+    after = StoredBaseline.model_validate_json(path.read_text())
+    assert after.measured_at > before.measured_at and after.reference.median == report.reference.median
+
+
+def test_a_corrupt_file_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker) -> None:
+    path = stored_file(config, tasks["corrupt"])
+    path.write_text('{"format": 1, "key": "trunc')
+    report = timed(Evaluator(config, worker=second), tasks["corrupt"])
+    assert report.reference_source == "measured" and report.reference_spot_ms is None, "path: corrupt file, a miss"
+    assert StoredBaseline.model_validate_json(path.read_text()).reference.median == report.reference.median, "and rewritten whole"
