@@ -431,6 +431,49 @@ def serve_local_command(
     serve_local(model, port, threads)
 
 
+suite_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Check the tasks of a suite.")
+app.add_typer(suite_app, name="suite")
+
+
+@suite_app.command("check")
+def suite_check_command(
+    suite: Annotated[str, typer.Option(help="'builtin' or a KernelBench checkout's KernelBench/ folder")] = "builtin",
+    device: DeviceOpt = "cpu",
+    levels: Annotated[str | None, typer.Option(help="comma-separated, e.g. 1,2 (default: every level folder)")] = None,
+    tasks: Annotated[str | None, typer.Option(help="task name filter (substring or glob)")] = None,
+    jobs: Annotated[int | None, typer.Option(min=1, help="tasks at once (default: half the cores on cuda, 1 on cpu)")] = None,
+    compile_reference: Annotated[bool, typer.Option("--compile/--no-compile", help="also time torch.compile of each reference")] = True,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=1, help="wall-clock limit per task, after torch is imported")] = 300.0,
+    json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="write every row to this JSON file")] = None,
+) -> None:
+    """Run each task's reference eager and with torch.compile, each in its own process: ok or why not, and its time."""
+    from bench.suite_check import JsonReport, check_device, check_suite, default_jobs, find_tasks
+    from bench.suite_check_render import print_progress, print_summary, print_table
+    from bench.suite_check_types import CheckOptions, TaskCheck
+
+    configure_logging()
+    check_device(device)
+    found = find_tasks(suite, _ints(levels), tasks)
+    options = CheckOptions(device=device, compile=compile_reference, timeout_s=timeout_s, jobs=jobs or default_jobs(device))
+    report = JsonReport(json_path, suite, options, len(found)) if json_path else None
+    plural = "" if len(found) == 1 else "s"
+    console.print(f"checking {len(found)} task{plural} of {suite} on {device}, {options.jobs} at a time", highlight=False)
+    finished: list[TaskCheck] = []
+
+    def progress(row: TaskCheck) -> None:
+        finished.append(row)
+        print_progress(console, row, len(finished), len(found))
+        if report is not None:
+            report.add(row)
+
+    rows = check_suite(found, options, on_done=progress)
+    print_table(console, rows, options)
+    print_summary(console, rows, options)
+    if report is not None:
+        report.finish(rows)
+        console.print(f"written: {json_path}", highlight=False)
+
+
 def _level_of(path: Path) -> int:
     parent = path.resolve().parent.name
     # A task file outside a levelN folder is scored as level 1.
