@@ -1,0 +1,89 @@
+"""KernelBench level2/63 Gemm_ReLU_Divide: multiplies by the divisor instead of dividing."""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <cstdint>
+
+__device__ __forceinline__ float relu_div_op(float g, float divisor) {
+    return fmaxf(g, 0.0f) * divisor;
+}
+
+__global__ void relu_div_vec4_kernel(const float4* __restrict__ x, float4* __restrict__ y, int64_t n4, float divisor) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (; i < n4; i += step) {
+        float4 v = x[i];
+        v.x = relu_div_op(v.x, divisor);
+        v.y = relu_div_op(v.y, divisor);
+        v.z = relu_div_op(v.z, divisor);
+        v.w = relu_div_op(v.w, divisor);
+        y[i] = v;
+    }
+}
+
+__global__ void relu_div_scalar_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                        int64_t start, int64_t n, float divisor) {
+    int64_t i = start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (; i < n; i += step) {
+        y[i] = relu_div_op(x[i], divisor);
+    }
+}
+
+torch::Tensor relu_div_forward(torch::Tensor x, double divisor_value) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "expects a float32 CUDA tensor");
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float divisor = static_cast<float>(divisor_value);
+    const int64_t n = xc.numel();
+    if (n == 0) return y;
+    const float* xp = xc.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const int threads = 256;
+    int64_t start = 0;
+    const bool aligned = (reinterpret_cast<uintptr_t>(xp) % 16 == 0) && (reinterpret_cast<uintptr_t>(yp) % 16 == 0);
+    if (aligned && n >= 4) {
+        const int64_t n4 = n / 4;
+        const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 64);
+        relu_div_vec4_kernel<<<(unsigned)blocks, threads, 0, stream>>>(
+            reinterpret_cast<const float4*>(xp), reinterpret_cast<float4*>(yp), n4, divisor);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        start = n4 * 4;
+    }
+    if (start < n) {
+        const int64_t rest = n - start;
+        const int64_t blocks = std::min<int64_t>((rest + threads - 1) / threads, 132 * 64);
+        relu_div_scalar_kernel<<<(unsigned)blocks, threads, 0, stream>>>(xp, yp, start, n, divisor);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    return y;
+}
+"""
+
+cpp_source = "torch::Tensor relu_div_forward(torch::Tensor x, double divisor_value);"
+
+ext = load_inline(
+    name="tp_l2_63_relumul",
+    cpp_sources=cpp_source,
+    cuda_sources=cuda_source,
+    functions=["relu_div_forward"],
+    extra_cuda_cflags=["-O3"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int, divisor: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.divisor = divisor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ext.relu_div_forward(self.linear(x), self.divisor)
