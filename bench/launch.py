@@ -42,7 +42,8 @@ def make_pool(config: ExperimentConfig) -> EvaluationPool:
     if config.executor == "ray":
         from bench.ray_pool import RayEvaluatorPool
 
-        return RayEvaluatorPool(config.eval, workers=config.worker_count())
+        # 0: one actor per GPU of the Ray cluster, which this machine's GPU count does not tell.
+        return RayEvaluatorPool(config.eval, workers=config.workers)
     from tools.pool import EvaluatorPool
 
     return EvaluatorPool(config.eval, workers=config.worker_count())
