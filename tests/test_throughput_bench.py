@@ -237,3 +237,31 @@ def test_kernelbench_driver_lays_out_the_run_and_goes_on_after_a_raise(tmp_path:
     assert kernelbench_driver.verdict(run.results[chosen[0].name]) == "correct"
     assert kernelbench_driver.verdict(run.results[chosen[2].name]) == "incorrect"
     assert run.compiled_in_cache == {c.name: True for c in chosen}
+
+
+def test_a_side_run_in_parts_adds_up() -> None:
+    made = made_up_report()
+    kb = made["kernelbench"]
+    first = {
+        **kb,
+        "count": 2,
+        "wall_s": 200.0,
+        "compile_s": 60.0,
+        "eval_s": 140.0,
+        "results": {k: kb["results"][k] for k in ("good", "wrong")},
+    }
+    second = {**kb, "count": 1, "wall_s": 100.0, "compile_s": 40.0, "eval_s": 60.0, "results": {"fault": kb["results"]["fault"]}}
+    first["gpu"] = {"mean_by_label": {"eval": 0.5}, "series": [[0.0, 50, "eval"], [0.25, 0, "compile"]]}
+    second["gpu"] = {"mean_by_label": {"eval": 1.0}, "series": [[0.0, 100, "eval"]]}
+    parts = [{**made, "ours": None, "kernelbench": first}, {**made, "ours": None, "kernelbench": second}, {**made, "kernelbench": None}]
+    both = report.combine(parts)
+    side = both["kernelbench"]
+    assert (side["count"], side["wall_s"], side["compile_s"], side["parts"]) == (3, 300.0, 100.0, 2)
+    assert side["candidates_per_hour"] == pytest.approx(36.0)
+    assert set(side["results"]) == {"good", "wrong", "fault"}
+    assert side["gpu"]["mean"] == pytest.approx(0.5) and side["gpu"]["mean_by_label"]["eval"] == pytest.approx(0.75)
+    assert both["ratio"] == pytest.approx(2.5)
+    assert "(2 parts run apart)" in rendered(both)
+    # The same candidates again: the later run replaces the earlier one.
+    again = report.combine([{**made, "ours": None, "kernelbench": first}, {**made, "ours": None, "kernelbench": {**first, "wall_s": 50.0}}])
+    assert again["kernelbench"]["wall_s"] == 50.0 and again["kernelbench"].get("parts", 1) == 1

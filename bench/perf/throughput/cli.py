@@ -4,6 +4,8 @@
     python -m bench.perf.throughput --side kernelbench --out kb.json       # one side per command
     python -m bench.perf.throughput --side ours --out ours.json
     python -m bench.perf.throughput --combine kb.json ours.json [--out both.json]
+    python -m bench.perf.throughput --side kernelbench --candidates 'level1_*' --out kb1.json   # a side in parts:
+    python -m bench.perf.throughput --side kernelbench --candidates 'level2_*' --out kb2.json   # --combine adds them up
     python -m bench.perf.throughput --check                                # CPU: manifest, tasks, candidates, imports
 
 The same candidates (manifest.toml: KernelBench tasks, CUDA candidates in its ModelNew format,

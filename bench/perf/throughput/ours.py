@@ -126,10 +126,12 @@ def run_ours(
     cache_dir: Path,
     tracker: CompileTracker | None = None,
     on_result: Callable[[str, str, int], None] | None = None,
+    config: EvalConfig | None = None,
 ) -> OursRun:
-    """All of `work` through a fresh pool of `workers` on GPU 0; the clock starts before any worker does."""
+    """All of `work` through a fresh pool of `workers` on GPU 0 (or `config`'s device); the clock
+    starts before any worker does."""
     tracker = tracker or CompileTracker()
-    config = eval_config(cache_dir)
+    config = config or eval_config(cache_dir)
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
     pool = EvaluatorPool(config, workers=workers, devices=1)

@@ -26,9 +26,57 @@ def ratio(report: dict[str, Any]) -> float | None:
     return float(ours["candidates_per_hour"]) / float(kb["candidates_per_hour"])
 
 
+SUMMED = ("count", "wall_s", "compile_s", "eval_s", "busy_s", "timing_s", "worker_starts")
+"""Figures of a side that add up over parts run one after the other."""
+
+
+def _merge_gpu(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two NVML summaries as one: the series joined, the means taken again over every sample."""
+    if not a or not b:
+        return a or b
+    series = [*a.get("series", []), *b.get("series", [])]
+    labels = sorted({*(a.get("mean_by_label") or {}), *(b.get("mean_by_label") or {})})
+
+    def mean(label: str | None) -> float | None:
+        chosen = [s[1] for s in series if label is None or s[2] == label]
+        return sum(chosen) / (100 * len(chosen)) if chosen else None
+
+    return {
+        "interval_s": a.get("interval_s"),
+        "samples": len(series),
+        "error": a.get("error") or b.get("error"),
+        "mean": mean(None),
+        "mean_by_label": {label: mean(label) for label in labels},
+        "count_by_label": {label: sum(1 for s in series if s[2] == label) for label in labels},
+        "series": series,
+    }
+
+
+def merge_side(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """One side run in parts (disjoint candidates, e.g. --candidates 'level1_*' then 'level2_*'):
+    candidates, wall times and lock time added up, so the rate is that of the parts back to back."""
+    overlap = set(a.get("results", {})) & set(b.get("results", {}))
+    if overlap:
+        raise ValueError(f"two parts of one side both evaluated {', '.join(sorted(overlap))}")
+    merged = {**a, **b}
+    for key in SUMMED:
+        if key in a or key in b:
+            merged[key] = (a.get(key) or 0) + (b.get(key) or 0)
+    for key in ("results", "harness_errors", "compiled_in_cache"):
+        if key in a or key in b:
+            merged[key] = {**(a.get(key) or {}), **(b.get(key) or {})}
+    merged["candidates_per_hour"] = per_hour(int(merged.get("count") or 0), merged.get("wall_s"))
+    if merged.get("wall_s") and "busy_s" in merged:
+        merged["busy_fraction"] = merged["busy_s"] / merged["wall_s"]
+    merged["gpu"] = _merge_gpu(a.get("gpu"), b.get("gpu"))
+    merged["parts"] = int(a.get("parts", 1)) + int(b.get("parts", 1))
+    return merged
+
+
 def combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """One report from several (e.g. `--side ours` and `--side kernelbench` run apart): each side
-    from the last report that has it, the candidates listed in any of them."""
+    """One report from several: a side run in one report and the other in another (each taken
+    whole), or one side run in parts over disjoint candidates (added up, see merge_side); a side
+    run again over the same candidates replaces the earlier one."""
     merged: dict[str, Any] = {
         "schema": SCHEMA,
         "candidates": [],
@@ -46,8 +94,12 @@ def combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
                 seen.add(cand["name"])
                 merged["candidates"].append(cand)
         for side in ("ours", "kernelbench"):
-            if report.get(side):
-                merged[side] = report[side]
+            part = report.get(side)
+            if not part:
+                continue
+            held = merged[side]
+            disjoint = held is not None and not set(held.get("results", {})) & set(part.get("results", {}))
+            merged[side] = merge_side(held, part) if disjoint else part
         merged["host"] = report.get("host") or merged["host"]
     merged["ratio"] = ratio(merged)
     return merged
@@ -59,6 +111,11 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None, fmt: str = "{:.1f}") -> str:
     return "–" if value is None else fmt.format(value)
+
+
+def _parts(side: dict[str, Any]) -> str:
+    parts = int(side.get("parts", 1))
+    return f" ({parts} parts run apart)" if parts > 1 else ""
 
 
 def throughput_table(report: dict[str, Any]) -> Table:
@@ -79,7 +136,7 @@ def throughput_table(report: dict[str, Any]) -> Table:
     if ours:
         gpu = ours.get("gpu") or {}
         table.add_row(
-            f"ours: EvaluatorPool, {ours.get('workers')} workers",
+            f"ours: EvaluatorPool, {ours.get('workers')} workers" + _parts(ours),
             str(ours.get("count", len(ours.get("results", {})))),
             _num(ours.get("wall_s")),
             _num(ours.get("candidates_per_hour"), "{:.0f}"),
@@ -91,7 +148,7 @@ def throughput_table(report: dict[str, Any]) -> Table:
     if kb:
         gpu = kb.get("gpu") or {}
         table.add_row(
-            f"KernelBench: eval_from_generations, build_cache, {kb.get('cpu_workers')} CPU workers",
+            f"KernelBench: eval_from_generations, build_cache, {kb.get('cpu_workers')} CPU workers" + _parts(kb),
             str(kb.get("count", len(kb.get("results", {})))),
             _num(kb.get("wall_s")),
             _num(kb.get("candidates_per_hour"), "{:.0f}"),
