@@ -61,7 +61,8 @@ class Work:
 
 
 class CompileTracker:
-    """How many candidates are in their compile stage right now (read by the GPU sampler)."""
+    """How many candidates are in their static-check-and-compile call right now (read by the GPU
+    sampler); a worker's first call also starts the worker (importing torch, a CUDA context)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
