@@ -59,7 +59,7 @@ class ExperimentConfig(BaseModel):
     eval: EvalConfig = EvalConfig()
     search: SearchSettings = Field(SearchSettings(), description="strategy options and the budget that caps each run")
     workers: int = Field(
-        0, ge=0, description="evaluation workers; 0: half the host's cores on GPUs (at least one per GPU), one per core on CPU"
+        0, ge=0, description="evaluation workers; 0: one per core (at most 16 per GPU, at least one), or one per core on CPU"
     )
     concurrency: int = Field(4, ge=1, description="trajectories (and LLM calls) in flight at once")
     executor: Literal["local", "ray"] = "local"
@@ -115,12 +115,17 @@ class ExperimentConfig(BaseModel):
         if self.eval.device == "cuda":
             from tools.pool import gpu_count
 
-            # Compiles take most of a candidate's time and need no GPU: the pool's workers compile in
-            # parallel (ninja runs the host and the nvcc file side by side, hence two cores each) while
-            # each GPU's lock lets one of them run at a time.
-            return max(1, gpu_count(), cores // 2)
+            # Compiles take most of a candidate's time and need no GPU: nvcc builds a candidate's .cu on
+            # one core (57 s on the H200's host, bench/perf/compile.py), so the pool compiles on every
+            # core while each GPU's lock lets one candidate run. With half the cores, 16 level-2
+            # candidates kept the GPU busy 32% of the time (bench/results/throughput_h200_level2.json).
+            gpus = max(1, gpu_count())
+            return max(gpus, min(cores, _WORKERS_PER_GPU * gpus))
         return max(1, cores)
 
+
+_WORKERS_PER_GPU = 16
+"""A cap on the default: each worker holds a CUDA context and a few GB of host memory."""
 
 CONFIG_SCHEMA_VERSION = 1
 """Version history of an experiment's config.json (read_saved_config migrates older ones):

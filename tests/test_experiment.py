@@ -320,14 +320,18 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
     assert seen["run_dir"] == tmp_path / "flag"
 
 
-def test_gpu_experiments_compile_on_half_the_cores_and_cpu_ones_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_experiments_compile_on_every_core_and_cpu_ones_time_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
     import tools.pool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(tools.pool, "gpu_count", lambda: 1)
     gpu = ExperimentConfig.model_validate({"eval": {"device": "cuda"}})
-    assert gpu.worker_count() == 8, "8 workers compile while the GPU's lock lets one run"
-    monkeypatch.setattr(tools.pool, "gpu_count", lambda: 12)
-    assert gpu.worker_count() == 12, "at least one worker per GPU"
+    assert gpu.worker_count() == 16, "16 workers compile while the GPU's lock lets one run"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))
+    assert gpu.worker_count() == 16, "at most 16 per GPU"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(tools.pool, "gpu_count", lambda: 8)
+    assert gpu.worker_count() == 8, "at least one worker per GPU"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert ExperimentConfig.model_validate({"eval": {"device": "cpu"}}).worker_count() == 16
     assert ExperimentConfig.model_validate({"workers": 3, "eval": {"device": "cuda"}}).worker_count() == 3
