@@ -28,7 +28,7 @@ import psutil
 import structlog
 
 from bench.suite_check_types import JOB_FILE, LOG_FILE, RESULT_FILE, TASK_FILE, CheckOptions, Stage, Status, TaskCheck, Timing
-from bench.tasks import DEFAULT_LEVELS, SuiteError, load_task_file, matches, resolve_suite
+from bench.tasks import SuiteError, chosen_levels, load_task_file, matches, resolve_suite
 from tools import sandbox
 from tools.faults import cuda_fault_in
 from traces.errors import ConfigError, InputFileError
@@ -62,13 +62,7 @@ def find_tasks(suite: str, levels: Iterable[int] | None = None, name_filter: str
     """The task files of a suite in its order, without reading them: a file that is not a task
     becomes that task's row, not the end of the check (bench.tasks.load_suite would stop there)."""
     root = resolve_suite(suite)
-    if levels is None:
-        chosen = [level for level in DEFAULT_LEVELS if (root / f"level{level}").is_dir()]
-    else:
-        chosen = sorted(set(levels))
-        absent = [level for level in chosen if not (root / f"level{level}").is_dir()]
-        if absent:
-            raise SuiteError(f"suite {root} has no folder for level {', '.join(map(str, absent))}; run without --levels to check all")
+    chosen = chosen_levels(root, levels)
     found: list[TaskFile] = []
     for level in chosen:
         files = [p for p in (root / f"level{level}").glob("*.py") if p.is_file() and not p.name.startswith("_")]

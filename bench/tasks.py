@@ -121,22 +121,24 @@ def load_suite(
     it as a glob when it has `*`, `?` or `[`. A filter that matches nothing gives an empty list.
     """
     root = check_suite_root(Path(root))
-    if levels is None:
-        chosen = [level for level in DEFAULT_LEVELS if (root / f"level{level}").is_dir()]
-    else:
-        chosen = sorted(set(levels))
-        absent = [level for level in chosen if not (root / f"level{level}").is_dir()]
-        if absent:
-            raise SuiteError(
-                f"suite {root} has no folder for level {', '.join(map(str, absent))}; it has {', '.join(_level_folders(root))}"
-            )
     tasks: list[Task] = []
-    for level in chosen:
+    for level in chosen_levels(root, levels):
         files = [p for p in (root / f"level{level}").glob("*.py") if p.is_file() and not p.name.startswith("_")]
         for path in sorted(files, key=_file_order):
             if name_filter is None or matches(path.stem, name_filter):
                 tasks.append(load_task_file(path, level))
     return tasks
+
+
+def chosen_levels(root: Path, levels: Iterable[int] | None) -> list[int]:
+    """The levels to read: those asked for, each with its folder, or every level folder among 1-4."""
+    if levels is None:
+        return [level for level in DEFAULT_LEVELS if (root / f"level{level}").is_dir()]
+    chosen = sorted(set(levels))
+    absent = [level for level in chosen if not (root / f"level{level}").is_dir()]
+    if absent:
+        raise SuiteError(f"suite {root} has no folder for level {', '.join(map(str, absent))}; it has {', '.join(_level_folders(root))}")
+    return chosen
 
 
 def matches(name: str, name_filter: str) -> bool:

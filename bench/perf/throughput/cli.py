@@ -127,7 +127,8 @@ def _trimmed(value: Any, limit: int = 2000) -> Any:
 def run_side_ours(selected: list[manifest.Candidate], workers: int, work_root: Path, log: Path | None, say: Console) -> dict[str, Any]:
     from bench.logs import configure_logging
     from bench.perf.throughput.gpu_sampler import GpuSampler
-    from bench.perf.throughput.ours import CompileTracker, Work, run_ours
+    from bench.perf.throughput.manifest import Work
+    from bench.perf.throughput.ours import CompileTracker, run_ours
 
     configure_logging()
     work = [Work(candidate=c.name, task=c.task.key, task_source=c.task.source, kernel_source=c.source) for c in selected]
@@ -170,7 +171,8 @@ def run_side_kernelbench(
     say: Console,
 ) -> dict[str, Any]:
     from bench.perf.throughput.gpu_sampler import GpuSampler
-    from bench.perf.throughput.kernelbench_driver import Work, run_kernelbench, verdict
+    from bench.perf.throughput.kernelbench_driver import run_kernelbench, verdict
+    from bench.perf.throughput.manifest import Work
 
     work = [Work(candidate=c.name, task=c.task.key, task_source=c.task.source, kernel_source=c.source) for c in selected]
     phase = {"now": "setup"}

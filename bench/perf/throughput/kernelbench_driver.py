@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.perf.throughput.manifest import Work
+
 RUN_NAME = "throughput"
 LEVEL_TAG = "mixed"
 """eval_from_generations names kernel files by one level; these tasks come from levels 1 and 2."""
@@ -59,15 +61,6 @@ class CandidateDataset:
 
     def get_problem_ids(self) -> list[int]:
         return sorted(self.problems)
-
-
-@dataclass(frozen=True)
-class Work:
-    candidate: str
-    """The candidate's name (its file stem)."""
-    task: str
-    task_source: str
-    kernel_source: str
 
 
 @dataclass

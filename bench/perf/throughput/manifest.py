@@ -156,3 +156,14 @@ def check(manifest: Path = MANIFEST) -> list[str]:
                 problems.append(f"{cand.file}: extension name {name!r} is also used by {seen[name]}")
             seen[name] = cand.file
     return problems
+
+
+@dataclass(frozen=True)
+class Work:
+    """One candidate as either evaluator receives it."""
+
+    candidate: str
+    """The candidate's name (its file stem)."""
+    task: str
+    task_source: str
+    kernel_source: str

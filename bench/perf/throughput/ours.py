@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.perf.throughput.manifest import Work
 from tools.config import EvalConfig
 from tools.jobs import TaskProgram
 from tools.pool import EvaluatorPool
@@ -50,14 +51,6 @@ def eval_config(cache_dir: Path, **overrides: Any) -> EvalConfig:
     torch.compile baseline is off, as in every experiment config (KernelBench times no such thing).
     """
     return EvalConfig(device="cuda", cache_dir=cache_dir, time_compiled_reference=False, **overrides)
-
-
-@dataclass(frozen=True)
-class Work:
-    candidate: str
-    task: str
-    task_source: str
-    kernel_source: str
 
 
 class CompileTracker:
