@@ -8,6 +8,7 @@ foreground for reuse across runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
@@ -40,6 +41,18 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Run in the server's child before exec: the kernel sends it SIGTERM when the process that
+    started it dies, even by SIGKILL, so a killed run leaves no server holding the cores (Linux;
+    elsewhere `stop()` on the way out of the `with` is all there is). The server is started from
+    the run's main thread, whose exit is what the kernel watches."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _default_threads() -> int:
@@ -134,7 +147,14 @@ class LocalServer:
             self._log_start = log_file.tell()
             log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             log_file.flush()
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            )
         log.info("local_server_start", model=self.name, pid=self._proc.pid, port=self.port, threads=self.threads)
         try:
             self._wait_ready()

@@ -447,3 +447,32 @@ def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> N
         assert turn.extract_error, "the missing code is reported, to be fed back"
     else:
         assert turn.result is not None and turn.result.status is not None, "the evaluator gave a verdict"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_server_child_dies_with_the_run_that_started_it(tmp_path: Path) -> None:
+    """A run killed by SIGKILL never reaches `stop()`: the child must not outlive it on the cores."""
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "from agent.local_server import die_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+        "start_new_session=True, preexec_fn=die_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the parent never started its child"
+        time.sleep(0.1)
+    child = psutil.Process(int(pid_file.read_text()))
+    assert child.is_running()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    gone, _ = psutil.wait_procs([child], timeout=10)
+    assert gone, "the child outlived its SIGKILLed parent"
