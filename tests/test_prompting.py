@@ -156,3 +156,30 @@ def test_the_echo_is_not_shown_back_but_other_unusable_replies_are() -> None:
         Attempt(turn=1, reply="I would use OpenMP.", extract_error="it contained no ```python code block"), Variant.parse("G")
     )
     assert "The start of that reply was:\nI would use OpenMP." in prose
+
+
+def test_a_repeated_attempt_without_feedback_is_the_same_prompt_on_every_turn() -> None:
+    """No turn number in the prompt: G's prompt after an unchanged kernel repeats word for word, so a
+    greedy reply is reused (llm.reuse_replies) rather than decoded again."""
+    task = TaskSpec(name="two", source=TWO_INPUTS)
+    same = Attempt(turn=1, reply="r", code="CODE")
+    prompts_by_turn = [
+        [m.content for m in build_messages(task, "cpp", Variant.parse("G"), turn, 5, same, None, 1e-2)] for turn in (2, 3, 4)
+    ]
+    assert prompts_by_turn[0] == prompts_by_turn[1] == prompts_by_turn[2]
+
+
+def test_the_profile_starts_its_own_line_after_the_speedup() -> None:
+    import prompts
+
+    text = prompts.render(
+        "feedback/correct.j2",
+        candidate_ms="13.8",
+        reference_ms="12.6",
+        speedup="0.911",
+        compiled_ms="",
+        warnings="",
+        profile="TABLE",
+        nsight="",
+    )
+    assert "0.911x.\nProfile of your forward:\n```\nTABLE\n```\nMake it faster" in text
