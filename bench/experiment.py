@@ -34,6 +34,7 @@ from agent.strategies import StrategyResult, StrategyRun, run_strategy
 from bench.settings import describe_validation, load_settings, nest_flat_keys
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
+from tools.results import NONFINITE_AS_STRINGS
 from traces.errors import ConfigError, RunDirError
 from traces.schema import Migrations, TrajectoryId, migrate
 from traces.verdict import Verdict, best_verdict
@@ -154,7 +155,7 @@ RESULTS_SCHEMA_VERSION = 1
 class TurnOutcome(BaseModel):
     """One attempt of a trajectory, as the results keep it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **NONFINITE_AS_STRINGS)
     status: Verdict
     speedup: float | None = None
     """None unless correct."""
@@ -163,7 +164,7 @@ class TurnOutcome(BaseModel):
 class TrajectoryRecord(BaseModel):
     """One line of results.jsonl: the outcome of one trajectory."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, **NONFINITE_AS_STRINGS)
     schema_version: int = RESULTS_SCHEMA_VERSION
     task: str
     level: int

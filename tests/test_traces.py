@@ -7,6 +7,7 @@ per session. The report is loaded in a real headless Chromium (Debian's package;
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import struct
@@ -39,8 +40,8 @@ from traces.inspect import (
     sort_summaries,
     summarise,
 )
-from traces.schema import SCHEMA_VERSION, TrajectoryId, UnknownSchemaVersion, read_record
-from traces.store import read_trace
+from traces.schema import SCHEMA_VERSION, TrajectoryId, TurnRecord, UnknownSchemaVersion, read_record
+from traces.store import append_turn, read_trace, trace_path
 
 BROKEN = candidate("return ext.relu_fwd(x)").replace(
     'cpp_source = r"""', 'cpp_source = r"""\nint broken_helper() { return undeclared_identifier; }', 1
@@ -219,6 +220,28 @@ def test_bare_task_names_must_be_unambiguous(run_dir: Path) -> None:
     assert resolve_task([relu, other_level], "level2/relu") == "level2/relu"
     with pytest.raises(TraceLookupError, match="ambiguous: level1/relu, level2/relu"):
         resolve_task([relu, other_level], "relu")
+
+
+def test_a_nan_output_survives_the_trace_round_trip(tmp_path: Path, cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
+    """A kernel that writes NaN gives a verdict whose diffs are NaN or inf. The trace must read back
+    what was written: pydantic's default JSON wrote them as null, which the next append of the same
+    trajectory (it reads the file first) refused, and that stopped a whole experiment."""
+    with Evaluator(cpu_config) as evaluator:
+        result = evaluator.evaluate(relu_task, candidate('return ext.scaled_relu(x, float("nan"))'))
+    assert result.status == "incorrect" and result.correctness is not None
+    assert math.isinf(result.correctness.max_abs_diff) and math.isnan(result.correctness.mismatches[0].actual)
+    trajectory = TrajectoryId(task="level1/relu", variant="G+E")
+    for turn in (1, 2):
+        record = TurnRecord(
+            run_id="nan", trajectory=trajectory, turn=turn, model="scripted", messages=(), reply="", result=result, started_at="now"
+        )
+        assert append_turn(tmp_path, record)
+    line = trace_path(tmp_path, trajectory).read_text().splitlines()[0]
+    assert '"max_abs_diff":"Infinity"' in line and '"actual":"NaN"' in line
+    back = read_trace(trace_path(tmp_path, trajectory))
+    assert [r.turn for r in back] == [1, 2]
+    assert back[1].result is not None and back[1].result.correctness is not None
+    assert math.isinf(back[1].result.correctness.max_abs_diff) and math.isnan(back[1].result.correctness.mismatches[0].actual)
 
 
 def test_version_0_traces_are_migrated_on_read() -> None:

@@ -11,9 +11,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# NaN and inf as the strings "NaN" and "Infinity" in JSON: pydantic's default writes null, which
+# a float field then refuses to read back (a candidate's NaN output once stopped a whole run).
+NONFINITE_AS_STRINGS = ConfigDict(ser_json_inf_nan="strings")
+
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **NONFINITE_AS_STRINGS)
 
 
 class EvalStatus(str, Enum):

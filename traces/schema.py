@@ -13,7 +13,7 @@ from typing import Any
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
-from tools.results import EvalResult
+from tools.results import NONFINITE_AS_STRINGS, EvalResult
 from traces.verdict import Verdict
 
 SCHEMA_VERSION = 1
@@ -63,7 +63,7 @@ class TrajectoryId(BaseModel):
 class TurnRecord(BaseModel):
     """Everything about one turn: what the model saw, said, and what the evaluator found."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, **NONFINITE_AS_STRINGS)
 
     schema_version: int = SCHEMA_VERSION
     run_id: str
