@@ -264,19 +264,27 @@ def human_prompt(record: TurnRecord) -> str:
     return next((m.content for m in record.messages if m.role == "human"), "")
 
 
-# The parts of prompts/task.j2 around a turn's feedback: the attempt line (with the previous
-# code, when there was code) before it and the closing instruction after it.
-_ATTEMPT = re.compile(r"^This is attempt \d+ of \d+\.(?: Your previous attempt was:\n```python\n.*?\n```)?\n", re.S | re.M)
+# The parts of prompts/task.j2 around a turn's feedback. Before it: the task's source (and the
+# line on its dtype), then the previous attempt's code when there was code; traces written before
+# prompts dropped the turn number also have "This is attempt N of M." there. After it: the
+# closing instruction.
+_TASK_BLOCK = re.compile(
+    r"^Now optimise this architecture, named [^\n]*:\n```python\n.*?\n```\n(?:The inputs, parameters and buffers of [^\n]*\n)?",
+    re.S | re.M,
+)
+_PREVIOUS = re.compile(r"\A\s*(?:This is attempt \d+ of \d+\.\s*)?(?:Your previous attempt was:\n```python\n.*?\n```\n)?", re.S)
 _CLOSING = re.compile(r"\n*^Write (?:an improved ModelNew|ModelNew with custom kernels)[^\n.]*\..*\Z", re.S | re.M)
 
 
 def feedback_of(record: TurnRecord) -> str:
     """What the prompt said about the previous attempt ("" on a first turn, or under variant G)."""
     prompt = human_prompt(record)
-    found = _ATTEMPT.search(prompt)
-    if found is None:
+    task = _TASK_BLOCK.search(prompt)
+    if task is None:
         return ""
-    return _CLOSING.sub("", prompt[found.end() :]).strip()
+    rest = prompt[task.end() :]
+    previous = _PREVIOUS.match(rest)  # matches at least ""
+    return _CLOSING.sub("", rest[previous.end() if previous else 0 :]).strip()
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 The soak runs its experiments against it, and the tests of the real client path use it too.
 
 Replies are a list, served in order (the last one repeats), or a dict from task to replies by
-turn, both read from the prompt ("named TASK:", "This is attempt N of M."), so a run with faults
-and one without get the same replies. Before a reply, a `FaultPlan` may answer with a fault
+turn, both read from the prompt, so a run with faults and one without get the same replies. The
+task is the name after "named"; prompts carry no turn number, so each scripted reply names its own
+turn ("draft N", see `draft_tag`) and the next prompt quotes it back: the previous attempt's code,
+or the start of a reply that had none. Before a reply, a `FaultPlan` may answer with a fault
 instead: first the faults it lists for the first requests, then a seeded draw among 429 with
 Retry-After, 500, a connection reset, a stall past the client's timeout, or a body cut short of
 its Content-Length. A drawn fault never hits one request more than `max_consecutive` times in a
@@ -31,7 +33,7 @@ FAULTS = ("http_429", "http_500", "reset", "stall", "truncated")
 """What a draw picks from. `FaultPlan.first` also takes "http_NNN" for any status NNN."""
 
 _TASK = re.compile(r"named (\S+?):\n")
-_TURN = re.compile(r"This is attempt (\d+) of \d+\.")
+_DRAFT = re.compile(r"\bdraft (\d+)\b")
 _HTTP = re.compile(r"http_(\d{3})")
 _ERROR_TYPE = {429: "rate_limit", 500: "server_error"}
 
@@ -76,10 +78,18 @@ def prompt_of(body: dict) -> str:
     return "\n".join(str(m.get("content") or "") for m in body.get("messages", []))
 
 
+def draft_tag(turn: int) -> str:
+    """The words by which a scripted reply names its turn; put them near its start."""
+    return f"draft {turn}"
+
+
 def task_and_turn(prompt: str) -> tuple[str | None, int]:
+    """The task the prompt names, and the turn after the draft it quotes (1 when it quotes none)."""
     task = _TASK.search(prompt)
-    turn = _TURN.search(prompt)
-    return (task.group(1) if task else None), (int(turn.group(1)) if turn else 1)
+    # The task's source comes before the quoted attempt: only a tag after it counts.
+    after = prompt[task.end() :] if task else prompt
+    tags = _DRAFT.findall(after)
+    return (task.group(1) if task else None), (int(tags[0]) + 1 if tags else 1)
 
 
 def _completion(text: str, prompt_tokens: int) -> dict:

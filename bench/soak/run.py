@@ -34,7 +34,7 @@ import psutil
 
 from bench.experiment import ExperimentConfig, TrajectoryRecord, plan, read_results, results_path
 from bench.soak import KERNELS_CPP
-from bench.soak.fake_server import FaultPlan, ServerLog, serve
+from bench.soak.fake_server import FaultPlan, ServerLog, draft_tag, serve
 
 KERNELS = KERNELS_CPP.read_text()
 FUNCTIONS = ["relu_slow", "crash", "spin", "hog", "oob_write", "chatty", "forker", "chain", "gelu_wrong"]
@@ -145,9 +145,17 @@ def random_kinds(rng: random.Random, task: str, turns: int) -> list[str]:
     return rng.choices(menu, weights=weights, k=turns)
 
 
+def with_draft_tag(text: str, turn: int) -> str:
+    """The reply, naming its turn where the next prompt quotes it: in the code, or in its first words."""
+    fence_start = "```python\n"
+    if fence_start in text:
+        return text.replace(fence_start, f"{fence_start}# {draft_tag(turn)}\n", 1)
+    return f"({draft_tag(turn)}) {text}"
+
+
 def build_script(kinds: dict[str, list[str]], seed: int) -> dict[str, list[str]]:
     rng = random.Random(seed)
-    return {task: [reply(task, k, rng) for k in ks] for task, ks in kinds.items()}
+    return {task: [with_draft_tag(reply(task, k, rng), turn) for turn, k in enumerate(ks, 1)] for task, ks in kinds.items()}
 
 
 @dataclass
