@@ -54,6 +54,9 @@ class GroupScores(BaseModel):
     """95% intervals, keyed fast_0 … fast_2, correct, compiled, geomean. Over all samples of each
     task: with one sample each value equals the field above; with several, it is the mean over them."""
     fast1_by_turn_intervals: list[Estimate] = []
+    correct_by_turn: list[Estimate] = []
+    """Share of tasks with a correct kernel within the first k turns, k = 1, 2, ...; empty in reports
+    made before it was kept."""
     precision: str = "fp32"
     tolerance: float | None = None
     """atol = rtol the group's results were judged at; None where the results do not record it."""
@@ -123,30 +126,22 @@ def _correct_speedups(turns: Sequence[TurnOutcome]) -> list[float]:
     return [t.speedup for t in turns if t.status is Verdict.CORRECT and t.speedup is not None]
 
 
-def _fast1_by_turn(records: list[TrajectoryRecord], n_tasks: int) -> list[float]:
-    """fast_1 of the best correct kernel found within the first k turns, for each k."""
-    horizon = max((len(r.per_turn) for r in records), default=0)
-    curve = []
-    for k in range(1, horizon + 1):
-        hits = 0
-        for r in records:
-            speeds = _correct_speedups(r.per_turn[:k])
-            hits += bool(speeds) and max(speeds) > 1.0
-        curve.append(hits / n_tasks if n_tasks else 0.0)
-    return curve
+def _fast_1_within(turns: Sequence[TurnOutcome]) -> bool:
+    return any(v > 1.0 for v in _correct_speedups(turns))
 
 
-def _fast1_by_turn_intervals(records: list[TrajectoryRecord], tasks: list[str]) -> list[Estimate]:
-    """The same curve with a 95% interval at each turn (a task without a record scores 0)."""
+def _correct_within(turns: Sequence[TurnOutcome]) -> bool:
+    return any(t.status is Verdict.CORRECT for t in turns)
+
+
+def _by_turn(records: list[TrajectoryRecord], tasks: list[str], hit: Callable[[Sequence[TurnOutcome]], bool]) -> list[Estimate]:
+    """For each k, the share of tasks whose first k turns `hit`, with a 95% interval (a task
+    without a record scores 0; a trajectory that ended early keeps its last answer)."""
     horizon = max((len(r.per_turn) for r in records), default=0)
     by_task = {r.task: r for r in records}
     curve = []
     for k in range(1, horizon + 1):
-        hits = []
-        for t in tasks:
-            r = by_task.get(t)
-            speeds = _correct_speedups(r.per_turn[:k]) if r else []
-            hits.append([bool(speeds) and max(speeds) > 1.0])
+        hits = [[r is not None and hit(r.per_turn[:k])] for r in (by_task.get(t) for t in tasks)]
         curve.append(rate_estimate(hits))
     return curve
 
@@ -216,6 +211,7 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
         tasks = sorted({r.task for r in group})
         outcomes = [_outcome(r) for r in first]
         samples = max(r.sample for r in group) + 1
+        fast1_curve = _by_turn(first, tasks, _fast_1_within)
         at_k: dict[str, dict[str, float]] = {}
         if samples > 1:
             per_task = [[_outcome(r) for r in group if r.task == t] for t in tasks]
@@ -232,11 +228,12 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 geomean_speedup=geomean_speedup(outcomes),
                 tokens=sum(r.tokens for r in group),
                 fast_p_at_k=at_k,
-                fast1_by_turn=_fast1_by_turn(first, len(tasks)),
+                fast1_by_turn=[e.value or 0.0 for e in fast1_curve],
                 strategy=strategy,
                 samples=samples,
                 intervals=unit_estimates([[r for r in group if r.task == t] for t in tasks]),
-                fast1_by_turn_intervals=_fast1_by_turn_intervals(first, tasks),
+                fast1_by_turn_intervals=fast1_curve,
+                correct_by_turn=_by_turn(first, tasks, _correct_within),
                 precision=precision,
                 tolerance=tolerance,
                 allow_tf32=allow_tf32,
@@ -353,6 +350,44 @@ def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
     return table
 
 
+COMPACT_TURNS = 8
+
+
+def _shown_turns(horizon: int, wide: bool) -> list[int]:
+    """Every turn, or in the compact table at most COMPACT_TURNS of them, evenly spaced, the last included."""
+    if wide or horizon <= COMPACT_TURNS:
+        return list(range(1, horizon + 1))
+    step = (horizon - 1) / (COMPACT_TURNS - 1)
+    return sorted({1 + round(i * step) for i in range(COMPACT_TURNS)})
+
+
+def render_by_turn(scores: list[GroupScores], wide: bool = False) -> Table | None:
+    """fast_1 and the correct rate within the first k turns, per level × variant (None before
+    reports kept the correct rate by turn, or with one turn)."""
+    shown = [s for s in scores if s.correct_by_turn and s.fast1_by_turn_intervals]
+    horizon = max((len(s.correct_by_turn) for s in shown), default=0)
+    if horizon < 2:
+        return None
+    turns = _shown_turns(horizon, wide)
+    table = compact_table(
+        title="fast_1 and correct by turn: share of tasks with such a kernel within the first k turns",
+        caption=_caption(1, wide).split("; --wide")[0] + ("" if wide else "; --wide: every turn, intervals on one line"),
+    )
+    add_number_column(table, "level", justify="left")
+    add_name_column(table, "variant")
+    add_name_column(table, "score")
+    for k in turns:
+        add_number_column(table, f"turn {k}" if wide else str(k))
+    precisions = several_precisions(scores)
+    for s in shown:
+        variant = s.variant + (f" {s.strategy}" if s.strategy != "refine" else "") + (f" {s.precision}" if precisions else "")
+        for i, (name, curve) in enumerate((("fast_1", s.fast1_by_turn_intervals), ("correct", s.correct_by_turn))):
+            # A trajectory that stopped at a correct kernel keeps it: its last value holds for later turns.
+            cells = [_cell(curve[min(k, len(curve)) - 1], "rate", wide) for k in turns]
+            table.add_row(str(s.level) if i == 0 else "", variant if i == 0 else "", name, *cells)
+    return table
+
+
 def render_strategies(scores: list[StrategyScores], wide: bool = False) -> Table:
     p_values = P_VALUES if wide else COMPACT_P
     table = compact_table(
@@ -457,6 +492,14 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
         ylabel="fast_1",
         title="fast_1 against refinement turns (bars: 95% interval over tasks)",
     )
+    if any(s.correct_by_turn for s in scores):
+        line_plot(
+            "correct_by_turn.png",
+            [(label(s), list(range(1, len(s.correct_by_turn) + 1)), s.correct_by_turn) for s in scores if s.correct_by_turn],
+            xlabel="turn",
+            ylabel="correct rate",
+            title="tasks with a correct kernel within k turns (bars: 95% interval)",
+        )
 
     fig, ax = plt.subplots(figsize=(6, 4))
     by_variant: dict[str, list[float]] = defaultdict(list)
@@ -507,6 +550,9 @@ def report(run_dir: Path, console: Console | None = None, plots: bool = True, wi
         for line in numerics_lines(scores):
             console.print(line, highlight=False, markup=False)
         print_table(console, render_table(scores, wide=wide), wide)
+        by_turn = render_by_turn(scores, wide=wide)
+        if by_turn is not None:
+            print_table(console, by_turn, wide)
         if has_strategies(strategies):
             print_table(console, render_strategies(strategies, wide=wide), wide)
             print_table(console, render_by_evals(strategies), wide)

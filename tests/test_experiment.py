@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from bench.experiment import RESULTS_SCHEMA_VERSION, ExperimentConfig, TrajectoryRecord, TurnOutcome, read_results, run_experiment
-from bench.report import score
+from bench.report import render_by_turn, score
 from tools.pool import EvaluatorPool
 from traces.errors import RunDirError
 from traces.verdict import Verdict
@@ -110,6 +111,14 @@ def test_report_numbers_from_known_outcomes() -> None:
     assert s.correct == 0.5 and s.compiled == 0.75 and s.tokens == 400
     assert s.geomean_speedup == pytest.approx(1.0)
     assert s.fast1_by_turn == [0.0, 0.25]
+    # Within k turns: b is correct from turn 1, a from turn 2 (b's one turn still counts at turn 2).
+    assert [e.value for e in s.correct_by_turn] == [0.25, 0.5]
+    table = render_by_turn([s])
+    assert table is not None
+    text = Console(width=80, record=True, color_system=None)
+    text.print(table)
+    rows = [line.split() for line in text.export_text().splitlines()]
+    assert ["1", "G+E", "fast_1", "0%", "25%"] in rows and ["correct", "25%", "50%"] in rows
 
 
 def test_results_written_before_schema_versions_load_and_migrate(tmp_path: Path) -> None:
@@ -180,7 +189,7 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
     lines = (killed_dir / "results.jsonl").read_text().splitlines()
     assert len(lines) == 6, "finished trajectories were not recomputed"
     assert "fast_1" in finished.stdout and (killed_dir / "report.json").exists()
-    assert {p.name for p in (killed_dir / "plots").iterdir()} == {"fast_p.png", "fast1_by_turn.png", "speedups.png"}
+    assert {p.name for p in (killed_dir / "plots").iterdir()} == {"fast_p.png", "fast1_by_turn.png", "correct_by_turn.png", "speedups.png"}
 
     # The same experiment, uninterrupted, in this process: the same table.
     config = ExperimentConfig.from_toml(config_path)
