@@ -47,12 +47,13 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Run in the server's child before exec: the kernel sends it SIGTERM when the process that
+    """Run in the server's child before exec: the kernel sends it SIGKILL when the process that
     started it dies, even by SIGKILL, so a killed run leaves no server holding the cores (Linux;
     elsewhere `stop()` on the way out of the `with` is all there is). The server is started from
-    the run's main thread, whose exit is what the kernel watches."""
+    the run's main thread, whose exit is what the kernel watches. Not SIGTERM: uvicorn then waits
+    for the generation in flight, minutes of both cores, and the server keeps nothing worth saving."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _default_threads() -> int:

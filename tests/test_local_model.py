@@ -451,7 +451,9 @@ def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> N
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_a_server_child_dies_with_the_run_that_started_it(tmp_path: Path) -> None:
-    """A run killed by SIGKILL never reaches `stop()`: the child must not outlive it on the cores."""
+    """A run killed by SIGKILL never reaches `stop()`: the child must not outlive it on the cores.
+    The child ignores SIGTERM here, as the server in effect does while a generation runs: uvicorn's
+    graceful shutdown waits for the request in flight, minutes of both cores."""
     import signal
     import subprocess
     import time
@@ -460,9 +462,10 @@ def test_a_server_child_dies_with_the_run_that_started_it(tmp_path: Path) -> Non
     parent_code = (
         "import subprocess, sys, time\n"
         "from agent.local_server import die_with_parent\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
-        "start_new_session=True, preexec_fn=die_with_parent)\n"
-        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        'open(sys.argv[1], "w").write(str(os.getpid())); time.sleep(120)\', '
+        f"{str(pid_file)!r}], start_new_session=True, preexec_fn=die_with_parent)\n"
         "time.sleep(120)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=Path(__file__).resolve().parents[1])
