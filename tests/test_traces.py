@@ -65,8 +65,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cpu_config: EvalConfig, re
         (small_relu_task, "level1/small_relu", "G+E", [reply(WRONG), reply(WRONG)]),
     ]
     for task, key, variant, replies in plan:
-        # A worker per trajectory: a worker that ran a candidate on one task rejects the same
-        # source on another task as "did not call any compiled kernel" (an evaluator bug).
+        # A worker per trajectory. It once worked around a bug, since fixed and tested in
+        # test_evaluator_cpu::test_same_candidate_on_another_task_in_one_worker.
         with Evaluator(cpu_config) as evaluator:
             config = RunConfig(
                 llm=ModelSettings(model="scripted"),
