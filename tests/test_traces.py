@@ -222,6 +222,21 @@ def test_bare_task_names_must_be_unambiguous(run_dir: Path) -> None:
         resolve_task([relu, other_level], "relu")
 
 
+def test_a_bare_name_may_leave_out_the_task_number(run_dir: Path) -> None:
+    (relu,) = find_trajectories(load_run(run_dir), "relu", variant="G+E")
+
+    def named(task: str) -> Trajectory:
+        return Trajectory(id=TrajectoryId(task=task, variant="G+E"), path=relu.path, records=relu.records)
+
+    softmax, gelu, gelu_again = named("level1/4_softmax"), named("level1/2_gelu"), named("level2/7_gelu")
+    assert resolve_task([softmax, gelu], "softmax") == "level1/4_softmax"
+    assert resolve_task([softmax, gelu], "4_softmax") == "level1/4_softmax"
+    with pytest.raises(TraceLookupError, match="ambiguous: level1/2_gelu, level2/7_gelu"):
+        resolve_task([softmax, gelu, gelu_again], "gelu")
+    with pytest.raises(TraceLookupError, match="no task 'max'"):
+        resolve_task([softmax, gelu], "max")
+
+
 def test_a_nan_output_survives_the_trace_round_trip(tmp_path: Path, cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
     """A kernel that writes NaN gives a verdict whose diffs are NaN or inf. The trace must read back
     what was written: pydantic's default JSON wrote them as null, which the next append of the same

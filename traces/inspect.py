@@ -169,12 +169,16 @@ def _name_of(task_key: str) -> str:
     return task_key.rsplit("/", 1)[-1]
 
 
+_NUMBER = re.compile(r"^\d+_")  # KernelBench's task numbers: 4_softmax
+
+
 def resolve_task(trajectories: Sequence[Trajectory], task: str) -> str:
-    """The task key that `task` names: the key itself ("level1/relu_task") or an unambiguous bare name."""
+    """The task key that `task` names: the key itself ("level1/4_softmax"), or an unambiguous bare
+    name, with its number ("4_softmax") or without it ("softmax")."""
     keys = tasks_of(trajectories)
     if task in keys:
         return task
-    named = [k for k in keys if _name_of(k) == task]
+    named = [k for k in keys if _name_of(k) == task] or [k for k in keys if _NUMBER.sub("", _name_of(k)) == task]
     if len(named) == 1:
         return named[0]
     if named:
