@@ -39,6 +39,21 @@ def test_an_openmp_reduction_over_an_array_gets_its_hint() -> None:
     assert text.count("Hint:") == 1 and "keep the row's sum in a local scalar" in text
 
 
+def test_a_reduction_over_a_loop_local_gets_its_hint() -> None:
+    # The demo's softmax, turn 2: the variable is declared inside the loop the pragma parallelises.
+    log = (
+        "line 19 of the candidate (main.cpp:16): error: \u2018sum_exp\u2019 has not been declared\n"
+        "       16 |     #pragma omp parallel for reduction(+:sum_exp)\n"
+        "          |                                          ^~~~~~~\n"
+    )
+    result = EvalResult(status=EvalStatus.COMPILE_ERROR, compile=CompileReport(ok=False, log=log, seconds=1.0))
+    text = evaluation_feedback(result, Variant.parse("G+E"))
+    assert text.count("Hint:") == 1 and "declared before the loop" in text
+    elsewhere = "error: 'n' has not been declared\n  5 | int f(n);\n"
+    other = EvalResult(status=EvalStatus.COMPILE_ERROR, compile=CompileReport(ok=False, log=elsewhere, seconds=1.0))
+    assert "declared before the loop" not in evaluation_feedback(other, Variant.parse("G+E"))
+
+
 def test_wrong_arity_forward_gets_its_hint_and_other_errors_none() -> None:
     arity = "correctness: TypeError: ModelNew.forward() takes 2 positional arguments but 3 were given"
     text = evaluation_feedback(EvalResult(status=EvalStatus.RUNTIME_ERROR, message=arity), Variant.parse("G+E"))
