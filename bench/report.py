@@ -280,10 +280,10 @@ def _cell(e: Estimate, kind: str, wide: bool) -> str:
 COMPACT_P = (0.0, 1.0, 2.0)
 
 
-def _caption(samples: int, wide: bool) -> str:
+def _caption(samples: int, wide: bool, what_wide_adds: str = "every p, exact tokens") -> str:
     over = f" (each task: the share of its {samples} samples)" if samples > 1 else ""
     where = "[low–high]" if wide else "second line"
-    more = "" if wide else "; --wide: every p, exact tokens"
+    more = "" if wide else f"; --wide: {what_wide_adds}"
     return (
         f"rates in % of tasks{over}; {where}: 95% interval, BCa bootstrap over tasks "
         f"({RESAMPLES} resamples, seed {SEED}), '-' under 2 tasks{more}"
@@ -371,7 +371,7 @@ def render_by_turn(scores: list[GroupScores], wide: bool = False) -> Table | Non
     turns = _shown_turns(horizon, wide)
     table = compact_table(
         title="fast_1 and correct by turn: share of tasks with such a kernel within the first k turns",
-        caption=_caption(1, wide).split("; --wide")[0] + ("" if wide else "; --wide: every turn, intervals on one line"),
+        caption=_caption(1, wide, what_wide_adds="every turn, intervals on one line"),
     )
     add_number_column(table, "level", justify="left")
     add_name_column(table, "variant")
