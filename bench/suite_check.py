@@ -132,9 +132,8 @@ def check_suite(tasks: list[TaskFile], options: CheckOptions, on_done: Callable[
 
 
 def _child_env(options: CheckOptions) -> dict[str, str]:
-    root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = sandbox.project_pythonpath()
     # The cores split between the tasks running at once, unless the user chose otherwise.
     threads = str(max(1, len(os.sched_getaffinity(0)) // options.jobs))
     env.setdefault("OMP_NUM_THREADS", threads)

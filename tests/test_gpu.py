@@ -288,8 +288,10 @@ def test_nsight_compute_metrics_for_a_cuda_candidate(evaluator: Evaluator) -> No
     report = result.nsight
     assert report is not None
     record("nsight", {"available": report.available, "reason": report.reason, "block": report.block()})
-    if not report.available:
+    # Only the machine may excuse this test; an ncu that ran and profiled nothing is our failure.
+    if not report.available and ("not installed" in report.reason or "performance counters" in report.reason):
         pytest.skip(f"ncu unavailable here: {report.reason}")
+    assert report.available, report.reason
     (kernel,) = report.kernels
     assert "softmax_kernel" in kernel.name
     assert kernel.duration_us > 0 and kernel.registers > 0 and kernel.shared_bytes >= 128

@@ -114,7 +114,6 @@ def profile_with_ncu(task: TaskProgram, candidate: str, config: EvalConfig, time
         return _unavailable("ncu is not installed or not on PATH")
     if config.device != "cuda":
         return _unavailable("Nsight Compute needs the CUDA device")
-    root = str(Path(__file__).resolve().parent.parent)
     with tempfile.TemporaryDirectory(prefix="refinery-ncu-") as tmp:
         task_file = Path(tmp) / "task.py"
         cand_file = Path(tmp) / "candidate.py"
@@ -140,7 +139,9 @@ def profile_with_ncu(task: TaskProgram, candidate: str, config: EvalConfig, time
             "--cache-dir",
             str(config.cache_dir),
         ]
-        env = sandbox.scrubbed_env(PYTHONPATH=root, HOME=tmp, TORCH_EXTENSIONS_DIR=str(config.cache_dir / "extensions"))
+        env = sandbox.scrubbed_env(
+            PYTHONPATH=sandbox.project_pythonpath(), HOME=tmp, TORCH_EXTENSIONS_DIR=str(config.cache_dir / "extensions")
+        )
         try:
             done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
         except subprocess.TimeoutExpired:

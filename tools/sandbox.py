@@ -22,6 +22,16 @@ _KEEP = re.compile(
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
+PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def project_pythonpath() -> str:
+    """The project's root first, then whatever PYTHONPATH the parent had: where its packages come
+    from a PYTHONPATH (a carried site folder on the GPU machine), a child that dropped it could
+    not import them."""
+    return os.pathsep.join(p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def scrubbed_env(base: dict[str, str] | None = None, /, **extra: str) -> dict[str, str]:
     """The parent's environment, less anything a candidate must not read."""
     source = dict(os.environ if base is None else base)

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import structlog
 
-import tools
 from tools import sandbox
 from tools.config import default_pch_dir
 from tools.faults import cuda_fault_in
@@ -91,9 +90,8 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def _env(self) -> dict[str, str]:
-        root = str(Path(tools.__file__).resolve().parent.parent)
         extra = {
-            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": sandbox.project_pythonpath(),
             "HOME": str(self.workdir),
             # Found under the real HOME, which the worker does not see: without it no build takes the header.
             "REFINERY_PCH_DIR": str(default_pch_dir()),
