@@ -2,15 +2,19 @@
 
 - One lock per device: correctness, timing and profile hold it, so two candidates never run on
   one device at the same moment; loading and compiling do not, so a compile overlaps a timing.
+- A candidate waits for its device's lock before it takes a worker, so candidates queued for
+  the device never hold workers that the next compiles need.
+- A device with two or more workers keeps one for its device stages only: it is always free
+  for the lock's holder, and on a GPU its CUDA context stays warm (a fresh one costs seconds of
+  the device's time). Compiles take the others.
 - GPUs: each device is one GPU, its workers pinned with CUDA_VISIBLE_DEVICES.
 - CPU: the cores are split into devices, each worker pinned to its device's cores.
-- A candidate's later stages go back to the worker that loaded it when that worker is free.
+- Otherwise a candidate's later stages go back to the worker that loaded it when that worker is free.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +43,7 @@ class Device:
 class Slot:
     evaluator: Evaluator
     device: Device
+    device_stages_only: bool = False
 
 
 def cpu_groups(devices: int) -> list[list[int]]:
@@ -80,12 +85,12 @@ class EvaluatorPool:
                 gpu_index=d if config.device == "cuda" else None,
                 cores=cores,
             )
-            self.slots.append(Slot(evaluator=Evaluator(config, worker=worker), device=self.devices[d]))
-        self._free: queue.Queue[int] = queue.Queue()
-        for i in range(len(self.slots)):
-            self._free.put(i)
+            # The first worker of a device that has others is kept for its device stages.
+            reserved = i < len(self.devices) and (max(1, workers) - 1 - d) // len(self.devices) >= 1
+            self.slots.append(Slot(evaluator=Evaluator(config, worker=worker), device=self.devices[d], device_stages_only=reserved))
+        self._free: set[int] = set(range(len(self.slots)))
         self._affinity: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
 
     def __enter__(self) -> Self:
         return self
@@ -97,46 +102,58 @@ class EvaluatorPool:
         for slot in self.slots:
             slot.evaluator.close()
 
-    def _acquire(self, key: str) -> int:
-        """The worker that loaded this candidate if it is free, else any free worker."""
-        with self._lock:
-            preferred = self._affinity.get(key)
-            held = []
-            chosen = None
+    def _acquire(self, key: str, device: Device | None) -> int:
+        """A free worker: for device stages (`device` given, its lock held) one of that device's,
+        its reserved worker first, then the one that loaded the candidate; for the rest any worker
+        not reserved, the one that loaded the candidate first."""
+
+        def rank(i: int) -> tuple[int, int] | None:
+            slot = self.slots[i]
+            if device is not None:
+                return (
+                    None if slot.device is not device else (0 if slot.device_stages_only else 1 if self._affinity.get(key) == i else 2, i)
+                )
+            return None if slot.device_stages_only else (0 if self._affinity.get(key) == i else 1, i)
+
+        with self._changed:
             while True:
-                try:
-                    i = self._free.get_nowait()
-                except queue.Empty:
-                    break
-                if i == preferred:
-                    chosen = i
-                    break
-                held.append(i)
-            if chosen is None and held:
-                chosen = held.pop(0)
-            for i in held:
-                self._free.put(i)
-        return chosen if chosen is not None else self._free.get()
+                ranked = sorted(r for r in map(rank, self._free) if r is not None)
+                if ranked:
+                    chosen = ranked[0][1]
+                    self._free.discard(chosen)
+                    return chosen
+                self._changed.wait()
+
+    def _release(self, index: int, key: str) -> None:
+        with self._changed:
+            self._free.add(index)
+            self._affinity[key] = index
+            self._changed.notify_all()
+
+    def _device_for(self, key: str) -> Device:
+        """The device of the worker that loaded the candidate, else the one that has been busy least."""
+        loaded = self._affinity.get(key)
+        return self.slots[loaded].device if loaded is not None else min(self.devices, key=lambda d: d.busy_s)
 
     def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
         key = source_hash(task.source + "\0" + candidate)
-        index = self._acquire(key)
-        slot = self.slots[index]
-        try:
-            if any(s in _DEVICE_STAGES for s in stages):
-                with slot.device.lock:
-                    started = time.monotonic()
-                    result = slot.evaluator.run(task, candidate, stages)
-                    spent = time.monotonic() - started
-                    slot.device.busy_s += spent
-                    slot.device.timing_s += sum(result.stage_seconds.get(s.value, 0.0) for s in (Stage.TIMING,))
-            else:
-                result = slot.evaluator.run(task, candidate, stages)
-            with self._lock:
-                self._affinity[key] = index
-            return result
-        finally:
-            self._free.put(index)
+        if not any(s in _DEVICE_STAGES for s in stages):
+            index = self._acquire(key, None)
+            try:
+                return self.slots[index].evaluator.run(task, candidate, stages)
+            finally:
+                self._release(index, key)
+        device = self._device_for(key)
+        with device.lock:
+            index = self._acquire(key, device)
+            try:
+                started = time.monotonic()
+                result = self.slots[index].evaluator.run(task, candidate, stages)
+                device.busy_s += time.monotonic() - started
+                device.timing_s += result.stage_seconds.get(Stage.TIMING.value, 0.0)
+            finally:
+                self._release(index, key)
+        return result
 
     def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
         """Nsight Compute runs the candidate on the GPU: it holds a device like a timing does."""

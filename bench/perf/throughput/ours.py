@@ -130,7 +130,8 @@ def run_ours(
     started = time.monotonic()
     pool = EvaluatorPool(config, workers=workers, devices=1)
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="candidate") as threads:
+        # Every candidate at once, as KernelBench's batch has them all: the pool decides what runs.
+        with ThreadPoolExecutor(max_workers=max(1, len(work)), thread_name_prefix="candidate") as threads:
             futures = {threads.submit(evaluate, pool, item, tracker): item for item in work}
             for future in as_completed(futures):
                 item = futures[future]

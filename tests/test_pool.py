@@ -1,0 +1,83 @@
+"""EvaluatorPool's scheduling: candidates queued for a device do not hold the workers that
+compiles need, and a device's reserved worker runs its device stages. The evaluators are fakes
+that record what ran where; no worker process starts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tools.config import EvalConfig
+from tools.jobs import TaskProgram
+from tools.pool import EvaluatorPool
+from tools.results import EvalResult, Stage
+
+COMPILE = (Stage.STATIC, Stage.COMPILE)
+DEVICE = (Stage.CORRECTNESS, Stage.TIMING)
+TASK = TaskProgram(name="t", source="class Model: pass")
+
+
+class FakeEvaluator:
+    """Sleeps for the stage's time and records (slot, stages, start, end)."""
+
+    def __init__(self, slot: int, log: list[tuple[int, str, float, float]], seconds: dict[str, float]):
+        self.slot, self.log, self.seconds = slot, log, seconds
+
+    def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
+        kind = "device" if Stage.CORRECTNESS in stages else "compile"
+        started = time.monotonic()
+        time.sleep(self.seconds[kind])
+        self.log.append((self.slot, kind, started, time.monotonic()))
+        return EvalResult(device="cpu", precision="fp32", tolerance=None, allow_tf32=False, status=None)
+
+    def close(self) -> None:
+        pass
+
+
+def fake_pool(tmp_path: Path, workers: int, seconds: dict[str, float]) -> tuple[EvaluatorPool, list[tuple[int, str, float, float]]]:
+    pool = EvaluatorPool(EvalConfig(device="cpu", cache_dir=tmp_path), workers=workers, devices=1)
+    log: list[tuple[int, str, float, float]] = []
+    for i, slot in enumerate(pool.slots):
+        slot.evaluator = FakeEvaluator(i, log, seconds)  # type: ignore[assignment]  # a fake with the same run()
+    return pool, log
+
+
+def candidate(pool: EvaluatorPool, n: int) -> None:
+    pool.run(TASK, f"candidate {n}", COMPILE)
+    pool.run(TASK, f"candidate {n}", DEVICE)
+
+
+def test_device_stages_run_on_the_reserved_worker_and_compiles_on_the_others(tmp_path: Path) -> None:
+    pool, log = fake_pool(tmp_path, workers=3, seconds={"compile": 0.05, "device": 0.02})
+    assert [s.device_stages_only for s in pool.slots] == [True, False, False]
+    with ThreadPoolExecutor(8) as threads:
+        list(threads.map(lambda n: candidate(pool, n), range(8)))
+    assert {slot for slot, kind, *_ in log if kind == "device"} == {0}
+    assert {slot for slot, kind, *_ in log if kind == "compile"} == {1, 2}
+    assert len(log) == 16
+
+
+def test_candidates_waiting_for_the_device_leave_the_workers_to_compiles(tmp_path: Path) -> None:
+    """Device stages are slow here: 6 candidates queue for the device. Before the fix each held
+    a worker while it waited, so the last compiles began only as the device freed them. Now the
+    two compile workers go on compiling, and all compiles end long before the device work."""
+    pool, log = fake_pool(tmp_path, workers=3, seconds={"compile": 0.05, "device": 0.2})
+    with ThreadPoolExecutor(6) as threads:
+        list(threads.map(lambda n: candidate(pool, n), range(6)))
+    compiles_end = max(end for _, kind, _, end in log if kind == "compile")
+    device_start = min(start for _, kind, start, _ in log if kind == "device")
+    # 6 compiles on 2 workers: 3 rounds of 0.05 s. Holding workers while queued would push the
+    # last compile behind several 0.2 s device runs.
+    assert compiles_end - device_start < 0.3, f"compiles ended {compiles_end - device_start:.2f} s after the device began"
+
+
+def test_a_single_worker_serves_every_stage(tmp_path: Path) -> None:
+    pool, log = fake_pool(tmp_path, workers=1, seconds={"compile": 0.01, "device": 0.01})
+    assert not pool.slots[0].device_stages_only
+    done = threading.Event()
+    threading.Thread(target=lambda: (candidate(pool, 0), done.set()), daemon=True).start()
+    assert done.wait(10), "one worker that is also the device's deadlocked"
+    assert [(slot, kind) for slot, kind, *_ in log] == [(0, "compile"), (0, "device")]
