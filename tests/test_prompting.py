@@ -54,6 +54,19 @@ def test_a_reduction_over_a_loop_local_gets_its_hint() -> None:
     assert "declared before the loop" not in evaluation_feedback(other, Variant.parse("G+E"))
 
 
+def test_a_timeout_gets_the_row_loop_shape() -> None:
+    """The demo's softmax, turn 1: a row's sum recomputed for every element, killed at the time
+    limit. The hint shows the loop shape (rows outside, the row's reduction once) in a closed code
+    block, with placeholders where the operation goes, so it is no task's kernel."""
+    result = EvalResult(status=EvalStatus.TIMEOUT, message="no result within 30 s; the worker was killed")
+    text = evaluation_feedback(result, Variant.parse("G+E"))
+    assert text.count("Hint:") == 1 and "reduce each row once" in text
+    hint = text[text.index("Hint:") :]
+    assert hint.count("```") == 2, "the loop shape's code block is not closed"
+    assert "for (int64_t r = 0; r < rows; ++r)" in hint and "acc += ...;" in hint and "out[c] = ...;" in hint
+    assert "exp" not in hint, "the shape must not carry an operation of its own"
+
+
 def test_wrong_arity_forward_gets_its_hint_and_other_errors_none() -> None:
     arity = "correctness: TypeError: ModelNew.forward() takes 2 positional arguments but 3 were given"
     text = evaluation_feedback(EvalResult(status=EvalStatus.RUNTIME_ERROR, message=arity), Variant.parse("G+E"))
