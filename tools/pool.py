@@ -85,9 +85,10 @@ class EvaluatorPool:
                 gpu_index=d if config.device == "cuda" else None,
                 cores=cores,
             )
-            # The first worker of a device that has others is kept for its device stages.
-            reserved = i < len(self.devices) and (max(1, workers) - 1 - d) // len(self.devices) >= 1
-            self.slots.append(Slot(evaluator=Evaluator(config, worker=worker), device=self.devices[d], device_stages_only=reserved))
+            self.slots.append(Slot(evaluator=Evaluator(config, worker=worker), device=self.devices[d]))
+        for device in self.devices:  # the first worker of a device that has others is kept for its device stages
+            mine = [slot for slot in self.slots if slot.device is device]
+            mine[0].device_stages_only = len(mine) > 1
         self._free: set[int] = set(range(len(self.slots)))
         self._affinity: dict[str, int] = {}
         self._changed = threading.Condition()
@@ -108,12 +109,13 @@ class EvaluatorPool:
         not reserved, the one that loaded the candidate first."""
 
         def rank(i: int) -> tuple[int, int] | None:
-            slot = self.slots[i]
-            if device is not None:
-                return (
-                    None if slot.device is not device else (0 if slot.device_stages_only else 1 if self._affinity.get(key) == i else 2, i)
-                )
-            return None if slot.device_stages_only else (0 if self._affinity.get(key) == i else 1, i)
+            """Lower is preferred; None: this worker may not take the stages."""
+            slot, loaded = self.slots[i], self._affinity.get(key) == i
+            if device is None:
+                return None if slot.device_stages_only else (0 if loaded else 1, i)
+            if slot.device is not device:
+                return None
+            return (0 if slot.device_stages_only else 1 if loaded else 2, i)
 
         with self._changed:
             while True:
