@@ -38,7 +38,8 @@ PCH_FLAGS = ("-O3", "-fopenmp")
 _HEADER = "torch/extension.h"
 
 
-def _compiler() -> str:
+def compiler() -> str:
+    """The C++ compiler torch builds extensions with (CXX, else c++)."""
     return os.environ.get("CXX", "c++")
 
 
@@ -69,7 +70,7 @@ default_root = default_pch_dir
 
 def header_dir(extra_cflags: tuple[str, ...] = PCH_FLAGS, root: Path | None = None) -> Path:
     """Where the header for these options lives; the name hashes the compiler, torch and the options."""
-    version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True, check=False).stdout
+    version = subprocess.run([compiler(), "--version"], capture_output=True, text=True, check=False).stdout
     key = "\n".join([version, torch.__version__, *header_cflags(extra_cflags)])
     return (root or default_root()) / hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -87,7 +88,7 @@ def _uses_header(directory: Path, cflags: list[str]) -> bool:
         probe = Path(tmp) / "probe.cpp"
         probe.write_text(f"#include <{_HEADER}>\n#include <{_HEADER}>\nint probe() {{ return 0; }}\n")
         done = subprocess.run(
-            [_compiler(), "-I", str(directory), *cflags, "-fsyntax-only", "-H", str(probe)],
+            [compiler(), "-I", str(directory), *cflags, "-fsyntax-only", "-H", str(probe)],
             capture_output=True,
             text=True,
             check=False,
@@ -108,7 +109,7 @@ def build(extra_cflags: tuple[str, ...] = PCH_FLAGS, root: Path | None = None) -
         gch = directory / "torch" / "extension.h.gch"
         partial = gch.with_suffix(".gch.partial")
         started = time.perf_counter()
-        subprocess.run([_compiler(), *cflags, "-x", "c++-header", str(real), "-o", str(partial)], check=True, capture_output=True)
+        subprocess.run([compiler(), *cflags, "-x", "c++-header", str(real), "-o", str(partial)], check=True, capture_output=True)
         partial.replace(gch)
         # The same header beside it: a second `#include <torch/extension.h>` in the candidate finds
         # this path again, and `#pragma once` knows the file.
@@ -117,7 +118,7 @@ def build(extra_cflags: tuple[str, ...] = PCH_FLAGS, root: Path | None = None) -
         link.symlink_to(real)
         if not _uses_header(directory, cflags):
             gch.unlink()
-            raise RuntimeError(f"{_compiler()} built {gch} but does not use it; C++ extensions compile without it")
+            raise RuntimeError(f"{compiler()} built {gch} but does not use it; C++ extensions compile without it")
         (directory / "ok").write_text(f"{time.perf_counter() - started:.1f} s\n")
     return directory
 
