@@ -1,5 +1,5 @@
 """The precompiled torch/extension.h: GCC takes it for the example's flags, and it changes how long a
-C++ build takes, never the compile cache's key or what a CUDA build sees."""
+C++ file's build takes, never the compile cache's key; a CUDA build's main.cpp gets a header of its own."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tools import compile_cache, pch
 
@@ -17,6 +18,12 @@ def test_header_options_are_torchs_without_the_module_name() -> None:
     assert any(f.startswith("-std=") for f in flags) and flags[-2:] == list(pch.PCH_FLAGS)
     assert not any(f.startswith("-DTORCH_EXTENSION_NAME") for f in flags)
     assert pch.header_dir(("-O2",), Path("/x")) != pch.header_dir(pch.PCH_FLAGS, Path("/x")), "the options are in the key"
+
+
+def test_no_cuda_header_where_torch_builds_no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pch.cpp_extension, "CUDA_HOME", None)
+    assert pch.ready_header_dir.__wrapped__(True) is None
+    assert pch.flavours() == [False]
 
 
 def test_gcc_takes_the_built_header(tmp_path: Path) -> None:
@@ -36,14 +43,17 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
         return object()
 
     monkeypatch.setattr(compile_cache, "_ORIGINAL_LOAD_INLINE", fake_build)
-    monkeypatch.setattr(compile_cache, "ready_header_dir", lambda: tmp_path / "pch" if ready else None)
+    monkeypatch.setattr(compile_cache, "ready_header_dir", lambda cuda: tmp_path / ("pch-cuda" if cuda else "pch") if ready else None)
     cache = compile_cache.CompileCache(tmp_path / "cache")
     cache.load_inline("k", "int f() { return 1; }", functions=["f"], extra_include_paths=["/mine"])
     cache.load_inline("k", "int f();", cuda_sources="__global__ void g() {}", functions=["f"])
     (cpp_name, cpp_kwargs), (_, cuda_kwargs) = seen
     expected = [str(tmp_path / "pch"), "/mine"] if ready else ["/mine"]
     assert cpp_kwargs["extra_include_paths"] == expected
-    assert "extra_include_paths" not in cuda_kwargs, "a CUDA build is compiled with other options: no header"
+    if ready:
+        assert cuda_kwargs["extra_include_paths"] == [str(tmp_path / "pch-cuda")], "a CUDA build's main.cpp has options of its own"
+    else:
+        assert "extra_include_paths" not in cuda_kwargs
     key = compile_cache.cache_key(
         {"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": {"extra_include_paths": ["/mine"], "functions": ["f"]}}
     )
@@ -69,5 +79,35 @@ def test_a_workers_build_takes_the_header_from_the_real_home(tmp_path: Path, mon
     with Evaluator(config) as evaluator:
         result = evaluator.run(TaskProgram(name="small_relu", source=source), candidate("return ext.relu_fwd(x)"), (Stage.COMPILE,))
     assert result.status is not EvalStatus.COMPILE_ERROR, result.message
+    (ninja,) = (tmp_path / "cache" / "extensions").glob("*/build.ninja")
+    assert f"-I{directory}" in ninja.read_text() or f"-I {directory}" in ninja.read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or pch.cpp_extension.CUDA_HOME is None, reason="needs CUDA")
+def test_a_cuda_builds_main_cpp_takes_its_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built in a private root for a CUDA build's options; then the CUDA example builds through the
+    compile cache with it, GCC told to fail on a .gch it finds and cannot use, and its kernel still correct."""
+    from tools import compile_cache as cc
+
+    directory = pch.build(pch.PCH_FLAGS_CUDA, root=tmp_path / "pch", with_cuda=True)
+    assert pch._uses_header(directory, pch.header_cflags(pch.PCH_FLAGS_CUDA, with_cuda=True))
+    assert directory != pch.header_dir(root=tmp_path / "pch"), "the CPU header is another"
+    example = (Path(__file__).parents[1] / "prompts" / "examples" / "sigmoid_cuda.py").read_text()
+    source = example[example.index('r"""') + 4 : example.index('"""', example.index('r"""') + 4)]
+    cache = cc.CompileCache(tmp_path / "cache")
+    monkeypatch.setattr(cc, "ready_header_dir", lambda cuda: directory if cuda else None)
+    try:
+        module = cache.load_inline(
+            "sig",
+            "torch::Tensor sigmoid_forward(torch::Tensor input);",
+            source,
+            functions=["sigmoid_forward"],
+            extra_cflags=["-Winvalid-pch", "-Werror=invalid-pch"],
+        )
+    except cc.CompileFailed as exc:
+        pytest.fail(exc.log)
+    x = torch.randn(4096, device="cuda")
+    torch.testing.assert_close(module.sigmoid_forward(x), torch.sigmoid(x))
     (ninja,) = (tmp_path / "cache" / "extensions").glob("*/build.ninja")
     assert f"-I{directory}" in ninja.read_text() or f"-I {directory}" in ninja.read_text()

@@ -186,10 +186,11 @@ def _build_lock(build_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def with_precompiled_header(kwargs: dict[str, Any]) -> dict[str, Any]:
+def with_precompiled_header(kwargs: dict[str, Any], cuda: bool) -> dict[str, Any]:
     """The precompiled torch/extension.h first in the include path, when it was built (tools/pch.py);
-    after the key is taken, since it changes how long a build takes, not what it builds."""
-    directory = ready_header_dir()
+    after the key is taken, since it changes how long a build takes, not what it builds. A CUDA
+    build's header serves its main.cpp; nvcc reads no precompiled header and finds the real one."""
+    directory = ready_header_dir(cuda)
     if directory is None:
         return kwargs
     return {**kwargs, "extra_include_paths": [str(directory), *_as_list(kwargs.get("extra_include_paths"))]}
@@ -259,8 +260,7 @@ class CompileCache:
             raise CompileFailed(failed_log.read_text())
         kwargs.pop("verbose", None)
         kwargs.pop("build_directory", None)
-        if not cuda:
-            kwargs = with_precompiled_header(kwargs)
+        kwargs = with_precompiled_header(kwargs, cuda=bool(cuda))
         started = time.perf_counter()
         try:
             with _build_lock(build_dir):

@@ -54,7 +54,7 @@ def build_once(with_header: bool) -> float:
     source = f"// {uuid.uuid4()}\n{example_source()}"
     with tempfile.TemporaryDirectory(prefix="refinery-compile-") as root:
         cache = compile_cache.CompileCache(Path(root))
-        header = contextlib.nullcontext() if with_header else mock.patch.object(compile_cache, "ready_header_dir", lambda: None)
+        header = contextlib.nullcontext() if with_header else mock.patch.object(compile_cache, "ready_header_dir", lambda cuda: None)
         started = time.perf_counter()
         with header:
             cache.load_inline(
