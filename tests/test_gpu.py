@@ -115,7 +115,10 @@ class TestCudaHacks:
         assert result.status is EvalStatus.CORRECT, result.message
         assert result.timing is not None
         assert result.timing.candidate.median > 5.0, "the side stream's work was not counted"
-        assert result.timing.speedup < 0.1
+        # No speedup claimed. Not a tighter bound: under `pytest -n 8` other tests' kernels share the
+        # GPU and once stretched this tiny reference to 2.4 ms (speedup 0.198); uncounted side-stream
+        # work would read as a speedup far above 1.
+        assert result.timing.speedup < 1.0
         record("side_stream", {"candidate_ms": result.timing.candidate.median, "reference_ms": result.timing.reference.median})
 
     def test_illegal_memory_access_is_a_cuda_fault_and_worker_is_replaced(self, evaluator: Evaluator, relu_task: TaskProgram) -> None:
