@@ -72,15 +72,25 @@ def refinery(*args: str) -> list[str]:
 
 
 def table(records: list[TrajectoryRecord]) -> list[tuple]:
-    """The parts of the report that the scripted outcomes fix (timings vary, their side of 1 does not)."""
-    return [(s.level, s.variant, s.tasks, s.fast_p["0"], s.fast_p["1"], s.correct, s.compiled) for s in score(records)]
+    """The parts of the report that the scripted outcomes fix. fast_1 is left out: it hangs on a
+    timing, and the fused level-2 kernel's speedup here ranged from 1.24x to 2.27x and fell to 1 or
+    below in about one run in four on a 2-core machine; `fast_1_follows_the_speedups` checks it."""
+    return [(s.level, s.variant, s.tasks, s.fast_p["0"], s.correct, s.compiled) for s in score(records)]
+
+
+def fast_1_follows_the_speedups(records: list[TrajectoryRecord]) -> None:
+    """Each row's fast_1 is the share of its trajectories correct and faster than eager, whatever the timings were."""
+    for row in score(records):
+        mine = [r for r in records if r.level == row.level and r.variant == row.variant]
+        faster = sum(r.best_status == "correct" and (r.best_speedup or 0) > 1 for r in mine)
+        assert row.fast_p["1"] == pytest.approx(faster / len(mine)), (row.level, row.variant)
 
 
 EXPECTED = [
-    (1, "G", 2, 0.5, 0.0, 0.5, 1.0),
-    (1, "G+E", 2, 0.5, 0.0, 0.5, 1.0),
-    (2, "G", 1, 1.0, 1.0, 1.0, 1.0),
-    (2, "G+E", 1, 1.0, 1.0, 1.0, 1.0),
+    (1, "G", 2, 0.5, 0.5, 1.0),
+    (1, "G+E", 2, 0.5, 0.5, 1.0),
+    (2, "G", 1, 1.0, 1.0, 1.0),
+    (2, "G+E", 1, 1.0, 1.0, 1.0),
 ]
 
 
@@ -199,6 +209,10 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
     with EvaluatorPool(config.eval_config(), workers=2) as pool:
         clean = run_experiment(config, tmp_path / "clean", lambda: model, pool)
     assert table(records) == table(clean) == EXPECTED
+    fast_1_follows_the_speedups(records)
+    fast_1_follows_the_speedups(clean)
+    slow_relu = [r for r in records + clean if r.task == "level1/1_relu" and r.best_status == "correct"]
+    assert slow_relu and all((r.best_speedup or 0) < 1 for r in slow_relu), "the slow ReLU is never fast_1"
     by_key = {r.key: r for r in clean}
     assert by_key[("level1/1_relu", "G+E", 0)].per_turn[0].status == "compile_error"
     assert by_key[("level2/9_bias_tanh_clamp_chain", "G", 0)].turns == 1, "stopped at the target"
