@@ -74,7 +74,7 @@ def refinery(*args: str) -> list[str]:
 def table(records: list[TrajectoryRecord]) -> list[tuple]:
     """The parts of the report that the scripted outcomes fix. fast_1 is left out: it hangs on a
     timing, and the fused level-2 kernel's speedup here ranged from 1.24x to 2.27x and fell to 1 or
-    below in about one run in four on a 2-core machine; `fast_1_follows_the_speedups` checks it."""
+    below in 3 of 9 runs of this test on a 2-core machine; `fast_1_follows_the_speedups` checks it."""
     return [(s.level, s.variant, s.tasks, s.fast_p["0"], s.correct, s.compiled) for s in score(records)]
 
 
