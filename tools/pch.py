@@ -8,8 +8,9 @@ usual, so a candidate with other flags compiles as before, only slower. The head
 for the flags of the one-shot examples (which the models mostly copy), by `make setup` or
 `python -m tools.pch`, under a lock, and never during an evaluation. A CUDA build compiles its
 `main.cpp` with other options (CUDA's include path, the candidate's extra_cflags, usually none),
-so it has a header of its own, built where CUDA is (`python -m tools.pch` builds both there). The compile cache's key does
-not change: the header changes how long a build takes, not what it builds.
+so it has a header of its own, built where CUDA is (`python -m tools.pch` builds both there).
+The compile cache's key does not change: the header changes how long a build takes, not what it
+builds.
 
     python -m tools.pch            # build (about 65 s and 0.8 GB), or say it is there
     python -m tools.pch --check    # exit 1 when it is missing
@@ -42,6 +43,11 @@ PCH_FLAGS_CUDA: tuple[str, ...] = ()
 """The extra_cflags of prompts/examples/sigmoid_cuda.py (none: its options go to nvcc)."""
 
 _HEADER = "torch/extension.h"
+
+
+def example_cflags(cuda: bool) -> tuple[str, ...]:
+    """The extra_cflags a header is built for: the CPU example's, or the CUDA example's."""
+    return PCH_FLAGS_CUDA if cuda else PCH_FLAGS
 
 
 def compiler() -> str:
@@ -87,7 +93,7 @@ def ready_header_dir(cuda: bool = False, root: Path | None = None) -> Path | Non
     was built and checked; else None (asked once per process)."""
     if cuda and cpp_extension.CUDA_HOME is None:
         return None
-    directory = header_dir(PCH_FLAGS_CUDA if cuda else PCH_FLAGS, root, with_cuda=cuda)
+    directory = header_dir(example_cflags(cuda), root, with_cuda=cuda)
     return directory if (directory / "ok").exists() else None
 
 
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = 0
     for cuda in flavours():
         kind = "CUDA builds' main.cpp" if cuda else "C++ builds"
-        flags = PCH_FLAGS_CUDA if cuda else PCH_FLAGS
+        flags = example_cflags(cuda)
         ready = ready_header_dir.__wrapped__(cuda)
         if ready is not None:
             print(f"precompiled torch/extension.h for {kind}: {ready}")
