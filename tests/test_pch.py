@@ -1,5 +1,6 @@
 """The precompiled torch/extension.h: GCC takes it for the example's flags, and it changes how long a
-C++ file's build takes, never the compile cache's key; a CUDA build's main.cpp gets a header of its own."""
+C++ file's build takes, never the compile cache's key; a CUDA build's main.cpp gets a header of its own.
+(clang's header: tests/test_clang.py.) GCC is pinned here with CXX, which workers keep."""
 
 from __future__ import annotations
 
@@ -22,16 +23,17 @@ def test_header_options_are_torchs_without_the_module_name() -> None:
 
 def test_no_cuda_header_where_torch_builds_no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pch.cpp_extension, "CUDA_HOME", None)
-    assert pch.ready_header_dir.__wrapped__(True) is None
+    assert pch._ready.__wrapped__(True, None, "c++") is None
     assert pch.flavours() == [False]
 
 
 def test_gcc_takes_the_built_header(tmp_path: Path) -> None:
     """Built in a private root (about a minute): a source including torch/extension.h twice reads the .gch."""
-    directory = pch.build(root=tmp_path)
+    gcc = pch._identify(pch.GCC_DEFAULT)
+    directory = pch.build(root=tmp_path, cxx=gcc)
     assert (directory / "ok").exists() and (directory / "torch" / "extension.h.gch").stat().st_size > 1e8
-    assert pch._uses_header(directory, pch.header_cflags())
-    assert not pch._uses_header(tmp_path / "elsewhere", pch.header_cflags())
+    assert pch._uses_header(directory, pch.header_cflags(), gcc)
+    assert not pch._uses_header(tmp_path / "elsewhere", pch.header_cflags(), gcc)
 
 
 @pytest.mark.parametrize("ready", [True, False])
@@ -42,6 +44,7 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
         seen.append((name, kwargs))
         return object()
 
+    monkeypatch.setenv("CXX", pch.GCC_DEFAULT)
     monkeypatch.setattr(compile_cache, "_ORIGINAL_LOAD_INLINE", fake_build)
     monkeypatch.setattr(compile_cache, "ready_header_dir", lambda cuda: tmp_path / ("pch-cuda" if cuda else "pch") if ready else None)
     cache = compile_cache.CompileCache(tmp_path / "cache")
@@ -54,9 +57,9 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
         assert cuda_kwargs["extra_include_paths"] == [str(tmp_path / "pch-cuda")], "a CUDA build's main.cpp has options of its own"
     else:
         assert "extra_include_paths" not in cuda_kwargs
-    key = compile_cache.cache_key(
-        {"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": {"extra_include_paths": ["/mine"], "functions": ["f"]}}
-    )
+    flags = {"extra_include_paths": ["/mine"], "functions": ["f"]}
+    compiler = pch._identify(pch.GCC_DEFAULT).key()
+    key = compile_cache.cache_key({"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": flags, "compiler": compiler})
     assert cpp_name == f"k_{key[:12]}"
 
 
@@ -71,6 +74,7 @@ def test_a_workers_build_takes_the_header_from_the_real_home(tmp_path: Path, mon
 
     root = tmp_path / "pch"
     monkeypatch.setenv("REFINERY_PCH_DIR", str(root))
+    monkeypatch.setenv("CXX", pch.GCC_DEFAULT)
     directory = pch.header_dir(root=root)
     directory.mkdir(parents=True)
     (directory / "ok").write_text("ok\n")  # no .gch inside: GCC parses the header as usual, only the path is checked
@@ -91,7 +95,7 @@ def test_a_cuda_builds_main_cpp_takes_its_header(tmp_path: Path, monkeypatch: py
     from tools import compile_cache as cc
 
     directory = pch.build(pch.PCH_FLAGS_CUDA, root=tmp_path / "pch", with_cuda=True)
-    assert pch._uses_header(directory, pch.header_cflags(pch.PCH_FLAGS_CUDA, with_cuda=True))
+    assert pch._uses_header(directory, pch.header_cflags(pch.PCH_FLAGS_CUDA, with_cuda=True), pch.identify(cuda=True))
     assert directory != pch.header_dir(root=tmp_path / "pch"), "the CPU header is another"
     example = (Path(__file__).parents[1] / "prompts" / "examples" / "sigmoid_cuda.py").read_text()
     source = example[example.index('r"""') + 4 : example.index('"""', example.index('r"""') + 4)]

@@ -1,8 +1,13 @@
 """A content-keyed build cache around torch's `load_inline`, installed in the worker.
 
-The key covers the sources, the flags, the torch version and the device architecture, so a
-second evaluation of the same kernel reuses the built module and never calls the compiler.
-Each built module is wrapped so the evaluator can tell whether `forward` really called it.
+The key covers the sources, the flags, the compiler (its binary and version), the torch version
+and the device architecture, so a second evaluation of the same kernel reuses the built module and
+never calls the compiler. Each built module is wrapped so the evaluator can tell whether `forward`
+really called it.
+
+The compiler is the run's (tools/pch.py: clang++ where installed, else GCC; CXX pins one): torch
+reads CXX when it writes a build, so each build runs with CXX set to it. A C++ build whose
+extra_cflags are exactly the header's gets the precompiled torch/extension.h.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import re
 import time
 import types
@@ -22,6 +28,7 @@ from typing import Any
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from tools import pch
 from tools.pch import ready_header_dir
 
 _ORIGINAL_LOAD_INLINE = cpp_extension.load_inline
@@ -49,6 +56,8 @@ class CompileLedger:
     misses: int = 0
     seconds: float = 0.0
     calls: dict[str, int] = field(default_factory=dict)
+    compiler: str | None = None
+    """The compiler its extensions were built with (Compiler.describe()), once one was loaded."""
 
     @property
     def kernel_calls(self) -> int:
@@ -186,14 +195,54 @@ def _build_lock(build_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def with_precompiled_header(kwargs: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    """The precompiled torch/extension.h first in the include path, when it was built (tools/pch.py);
-    after the key is taken, since it changes how long a build takes, not what it builds. A CUDA
-    build's header serves its main.cpp; nvcc reads no precompiled header and finds the real one."""
+def with_precompiled_header(kwargs: dict[str, Any], cuda: bool, cxx: pch.Compiler | None = None) -> dict[str, Any]:
+    """The precompiled torch/extension.h for this build, when it was built (tools/pch.py); after the
+    key is taken, since it changes how long a build takes, not what it builds.
+
+    GCC: its directory first in the include path; GCC takes the `.gch` only where the build's
+    options match and otherwise parses the header (a CUDA build's header serves its main.cpp; nvcc
+    reads no precompiled header and finds the real one). Clang: `-include-pch`, only for a build
+    with the header's extra_cflags (pch.clang_takes) that includes the header itself."""
     directory = ready_header_dir(cuda)
     if directory is None:
         return kwargs
-    return {**kwargs, "extra_include_paths": [str(directory), *_as_list(kwargs.get("extra_include_paths"))]}
+    cxx = cxx or pch.identify(cuda)
+    if not cxx.clang:
+        return {**kwargs, "extra_include_paths": [str(directory), *_as_list(kwargs.get("extra_include_paths"))]}
+    flags = _as_list(kwargs.get("extra_cflags"))
+    if not pch.clang_takes(flags, cuda) or kwargs.get("no_implicit_headers"):
+        return kwargs
+    return {**kwargs, "extra_cflags": [*flags, *pch.use_flags(directory, cxx)]}
+
+
+def with_openmp_link(kwargs: dict[str, Any], cxx: pch.Compiler) -> dict[str, Any]:
+    """Clang's OpenMP code calls libomp, which only a link with -fopenmp brings: GCC's calls into
+    libgomp find torch's copy when the flag is left off the link, clang's would not load."""
+    if not cxx.clang or "-fopenmp" not in _as_list(kwargs.get("extra_cflags")):
+        return kwargs
+    ldflags = _as_list(kwargs.get("extra_ldflags"))
+    return kwargs if "-fopenmp" in ldflags else {**kwargs, "extra_ldflags": [*ldflags, "-fopenmp"]}
+
+
+_HEADER_REFUSED = re.compile(r"PCH file|precompiled header")
+
+
+@contextmanager
+def _cxx(command: str) -> Iterator[None]:
+    """CXX set for torch while it writes and runs a build, as it was afterwards."""
+    before = os.environ.get("CXX")
+    os.environ["CXX"] = command
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CXX", None)
+        else:
+            os.environ["CXX"] = before
+
+
+def _build(name: str, cpp: list[str], cuda: list[str], build_dir: Path, options: dict[str, Any]) -> Any:
+    return _ORIGINAL_LOAD_INLINE(name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **options)
 
 
 class CompileCache:
@@ -204,6 +253,11 @@ class CompileCache:
         self.candidate_source = candidate_source
         self.ledger = CompileLedger()
         self._ledgers: dict[str, CompileLedger] = {}
+
+    @property
+    def compiler(self) -> str:
+        """The C++ compiler of this run, for results (e.g. "clang++-19 19.1.7 (clang)")."""
+        return pch.identify().describe()
 
     def begin(self, candidate_source: str) -> CompileLedger:
         """The ledger of this candidate source: one per source, since an imported module (and the
@@ -245,7 +299,9 @@ class CompileCache:
         cpp = _as_list(cpp_sources)
         cuda = _as_list(cuda_sources)
         flags = {k: kwargs.get(k) for k in sorted(kwargs) if k not in ("verbose", "build_directory")}
-        key = cache_key({"name": name, "cpp": cpp, "cuda": cuda, "flags": flags})
+        cxx = pch.identify(bool(cuda))
+        self.ledger.compiler = cxx.describe()
+        key = cache_key({"name": name, "cpp": cpp, "cuda": cuda, "flags": flags, "compiler": cxx.key()})
         # A unique module name per key keeps torch's in-process versioning (name_v1, ...) out of
         # the way, so a fresh worker finds the same .so; only a hard-coded module name keeps its own.
         if not _HARDCODED_MODULE.search("\n".join(cpp)):
@@ -260,11 +316,18 @@ class CompileCache:
             raise CompileFailed(failed_log.read_text())
         kwargs.pop("verbose", None)
         kwargs.pop("build_directory", None)
-        kwargs = with_precompiled_header(kwargs, cuda=bool(cuda))
+        kwargs = with_openmp_link(kwargs, cxx)
+        headed = with_precompiled_header(kwargs, cuda=bool(cuda), cxx=cxx)
         started = time.perf_counter()
         try:
-            with _build_lock(build_dir):
-                module = _ORIGINAL_LOAD_INLINE(name, list(cpp), list(cuda) or None, build_directory=str(build_dir), verbose=False, **kwargs)
+            with _build_lock(build_dir), _cxx(cxx.command):
+                try:
+                    module = _build(name, cpp, cuda, build_dir, headed)
+                except RuntimeError as exc:
+                    # A header clang refuses (torch's files changed under it): once more without it.
+                    if headed is kwargs or not cxx.clang or not _HEADER_REFUSED.search(str(exc)):
+                        raise
+                    module = _build(name, cpp, cuda, build_dir, kwargs)
         except RuntimeError as exc:
             text = str(exc)
             if "Error building extension" not in text:
