@@ -1,0 +1,48 @@
+"""The optional kernelguard layer on real candidate sources; skipped where kernelguard is not installed."""
+
+from __future__ import annotations
+
+import hacks
+import pytest
+from candidates import FIXTURES, candidate, cuda_candidate
+
+from tools import kernelguard_layer
+from tools.kernelguard_layer import kernelguard_findings
+
+pytest.importorskip("kernelguard")
+
+CORRECT = "return ext.relu_fwd(x)"
+
+
+def test_pointer_memo_is_a_finding() -> None:
+    findings = kernelguard_findings(hacks.pointer_memo(candidate))
+    assert findings is not None and len(findings) == 1
+    assert findings[0].startswith("kernelguard POINTER_REPLAY: ") and "data_ptr" in findings[0]
+
+
+def test_output_cache_is_a_finding() -> None:
+    cached = cuda_candidate("ext.touch(x)\nif not _CACHE:\n    _CACHE.append(ext.relu_fwd(x))\nreturn _CACHE[0]", prelude="_CACHE = []\n")
+    findings = kernelguard_findings(cached)
+    assert findings is not None and [f.split(":")[0] for f in findings] == ["kernelguard OUTPUT_REPLAY_CACHE"]
+
+
+@pytest.mark.parametrize("path", ["cuda_solutions/4_softmax.py", "triton_solutions/1_relu.py", "cpu_solutions/1_relu.py"])
+def test_honest_kernels_have_no_findings(path: str) -> None:
+    assert kernelguard_findings((FIXTURES / path).read_text()) == ()
+
+
+def test_correct_candidate_and_a_rule_it_only_rates_low_have_no_findings() -> None:
+    assert kernelguard_findings(candidate(CORRECT)) == ()
+    # LAZY_TENSOR is telemetry in kernelguard's own policy (our static check rejects the class itself).
+    assert kernelguard_findings(hacks.lazy(candidate)) == ()
+
+
+def test_a_source_it_cannot_judge_in_time_fails_closed() -> None:
+    findings = kernelguard_findings("a" * 40_000 + " = 1\n", timeout=0.5)
+    assert findings is not None and len(findings) == 1
+    assert findings[0].startswith("kernelguard did not finish within 0.5 s")
+
+
+def test_none_when_kernelguard_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernelguard_layer, "find_spec", lambda name: None)
+    assert kernelguard_findings(candidate(CORRECT)) is None
