@@ -106,10 +106,24 @@ def example_cflags(cuda: bool) -> tuple[str, ...]:
     return PCH_FLAGS_CUDA if cuda else PCH_FLAGS
 
 
+@functools.cache
+def _has_openmp(path: str) -> bool:
+    """Whether this clang has LLVM's OpenMP runtime to link and its omp.h (libomp-NN-dev): without
+    them every `-fopenmp` candidate would fail to build."""
+
+    def ask(flag: str) -> str:
+        return subprocess.run([path, flag], capture_output=True, text=True, check=False).stdout.strip()
+
+    library, resources = ask("-print-file-name=libomp.so"), ask("-print-resource-dir")
+    return os.path.isabs(library) and os.path.exists(library) and os.path.exists(os.path.join(resources, "include", "omp.h"))
+
+
 def find_clang() -> str | None:
-    """The first of CLANG_NAMES that is an executable on PATH (or a path to one), else None."""
+    """The first of CLANG_NAMES that is an executable on PATH (or a path to one) with its OpenMP
+    runtime, else None."""
     for name in CLANG_NAMES:
-        if shutil.which(name):
+        path = shutil.which(name)
+        if path and _has_openmp(path):
             return name
     return None
 
@@ -295,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         kind = "CUDA builds' main.cpp" if cuda else "C++ builds"
         cxx = identify(cuda)
         if not cuda and not cxx.clang and "CXX" not in os.environ:
-            print(f"clang++ not found ({', '.join(CLANG_NAMES)}): C++ builds use {cxx.describe()} and its header (only slower)")
+            print(
+                f"clang++ with OpenMP (libomp) not found ({', '.join(CLANG_NAMES)}): "
+                f"C++ builds use {cxx.describe()} and its header (only slower)"
+            )
         kind = f"{kind}, {cxx.describe()}"
         flags = example_cflags(cuda)
         ready = _ready.__wrapped__(cuda, None, cxx.command)
