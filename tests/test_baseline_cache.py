@@ -1,4 +1,4 @@
-"""Reference baselines on disk: a new worker reuses one only after re-timing the reference agrees with it.
+"""Reference baselines on disk: a new judge reuses one only after re-timing the reference agrees with it.
 
 Each test runs real workers and names the path that fired in the report's `reference_source`.
 The task's reference sleeps 10 ms per call, so its time barely moves with the load of this machine
@@ -22,7 +22,7 @@ from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
 from tools.programs import source_hash
 from tools.results import Stage, TimingReport
-from tools.worker import Worker
+from tools.worker import Judge
 
 SLEEPY_TASK = """# {nonce}
 import time
@@ -62,22 +62,23 @@ def tasks() -> dict[str, TaskProgram]:
 
 
 @pytest.fixture(scope="module")
-def first(config: EvalConfig, tasks: dict[str, TaskProgram]) -> Iterator[Worker]:
-    """The worker that measures every test's task once, and so stores its baseline."""
+def first(config: EvalConfig, tasks: dict[str, TaskProgram]) -> Iterator[Judge]:
+    """The judge that measures every test's task once, and so stores its baseline."""
     with Evaluator(config) as ev:
         for task in tasks.values():
             assert timed(ev, task).reference_source == "measured", "a task never seen is measured"
-        yield ev.worker
+        yield ev.judge
 
 
 @pytest.fixture(scope="module")
-def second(config: EvalConfig, first: Worker) -> Iterator[Worker]:
-    """A new worker process: its memory holds no baseline, so any it reuses came from disk.
+def second(config: EvalConfig, first: Judge) -> Iterator[Judge]:
+    """A new judge process: its memory holds no baseline, so any it reuses came from disk.
 
     Every test gives it a task of its own, so one process serves them all (fewer starts on a slow machine)."""
-    with Evaluator(config) as ev:
-        yield ev.worker
-    assert ev.worker.starts == 1, "the worker was never restarted: no test lost its memory"
+    judge = Judge(device="cpu", threads=config.cpu_threads)
+    yield judge
+    judge.close()
+    assert judge.starts == 1, "the judge was never restarted: no test lost its memory"
 
 
 def timed(ev: Evaluator, task: TaskProgram) -> TimingReport:
@@ -104,10 +105,10 @@ def stored_file(config: EvalConfig, task: TaskProgram) -> Path:
 
 
 def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(
-    config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker
+    config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge
 ) -> None:
     stored = StoredBaseline.model_validate_json(stored_file(config, tasks["cached"]).read_text())
-    report = timed(Evaluator(config, worker=second), tasks["cached"])
+    report = timed(Evaluator(config, judge=second), tasks["cached"])
     assert report.reference_source == "cached", (
         f"path: disk hit, spot check agreed (stored {stored.reference.median}, spot {report.reference_spot_ms})"
     )
@@ -117,7 +118,7 @@ def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(
 
 
 @pytest.mark.parametrize("change", ["trials", "precision", "source"])
-def test_a_changed_setting_or_task_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], first: Worker, change: str) -> None:
+def test_a_changed_setting_or_task_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], first: Judge, change: str) -> None:
     task = tasks[change]
     if change == "trials":
         config = config.model_copy(update={"trials": config.trials + 1})
@@ -127,14 +128,14 @@ def test_a_changed_setting_or_task_is_a_miss(config: EvalConfig, tasks: dict[str
         task = TaskProgram(name=task.name, source=task.source + "\n# the same Model, another source\n")
     # The first worker's memory misses as well (its key holds the same), so the disk decides; and the
     # sleeping reference would pass the spot check: only the key keeps the stored file out.
-    report = timed(Evaluator(config, worker=first), task)
+    report = timed(Evaluator(config, judge=first), task)
     assert report.reference_source == "measured", f"path: miss, {change} is part of the key"
     assert report.reference_spot_ms is None
     stored_file(config, task)  # stored under its own key
 
 
 def test_a_stored_median_far_off_fails_the_spot_check_and_is_replaced(
-    config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker
+    config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge
 ) -> None:
     path = stored_file(config, tasks["doctored"])
     data = json.loads(path.read_text())
@@ -143,7 +144,7 @@ def test_a_stored_median_far_off_fails_the_spot_check_and_is_replaced(
     data["reference_samples_ms"] = [10 * s for s in data["reference_samples_ms"]]
     path.write_text(json.dumps(data))
     doctored = data["reference"]["median"]
-    report = timed(Evaluator(config, worker=second), tasks["doctored"])
+    report = timed(Evaluator(config, judge=second), tasks["doctored"])
     assert report.reference_source == "measured", "path: disk hit, spot check disagreed, measured again"
     assert report.reference_spot_ms is not None and report.reference_spot_ms < doctored / 5, "the spot check ran, and saw the truth"
     assert report.reference.median < doctored / 5
@@ -151,18 +152,18 @@ def test_a_stored_median_far_off_fails_the_spot_check_and_is_replaced(
     assert rewritten.reference.median == report.reference.median, "the file holds the new measurement"
 
 
-def test_remeasure_baselines_measures_and_overwrites(config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker) -> None:
+def test_remeasure_baselines_measures_and_overwrites(config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge) -> None:
     path = stored_file(config, tasks["remeasure"])
     before = StoredBaseline.model_validate_json(path.read_text())
-    report = timed(Evaluator(config.model_copy(update={"remeasure_baselines": True}), worker=second), tasks["remeasure"])
+    report = timed(Evaluator(config.model_copy(update={"remeasure_baselines": True}), judge=second), tasks["remeasure"])
     assert report.reference_source == "measured" and report.reference_spot_ms is None, "path: remeasure_baselines, the file is not read"
     after = StoredBaseline.model_validate_json(path.read_text())
     assert after.measured_at > before.measured_at and after.reference.median == report.reference.median
 
 
-def test_a_corrupt_file_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], second: Worker) -> None:
+def test_a_corrupt_file_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge) -> None:
     path = stored_file(config, tasks["corrupt"])
     path.write_text('{"format": 1, "key": "trunc')
-    report = timed(Evaluator(config, worker=second), tasks["corrupt"])
+    report = timed(Evaluator(config, judge=second), tasks["corrupt"])
     assert report.reference_source == "measured" and report.reference_spot_ms is None, "path: corrupt file, a miss"
     assert StoredBaseline.model_validate_json(path.read_text()).reference.median == report.reference.median, "and rewritten whole"

@@ -94,14 +94,12 @@ def test_hang_times_out_and_worker_is_replaced(cpu_config: EvalConfig, relu_task
 
 
 def test_segfault_is_a_runtime_error_not_a_crash(evaluator: Evaluator, relu_task: TaskProgram) -> None:
-    if not evaluator.worker.alive:  # run alone, the module's evaluator has not started its worker yet
-        evaluator.worker.start()
-    starts = evaluator.worker.starts
     result = evaluator.evaluate(relu_task, candidate("return ext.crash(x)"))
     assert result.status is EvalStatus.RUNTIME_ERROR
     assert "SIGSEGV" in result.message
+    crashed = evaluator.worker.pid
     assert evaluator.evaluate(relu_task, candidate(CORRECT)).status is EvalStatus.CORRECT
-    assert evaluator.worker.starts == starts + 1
+    assert evaluator.worker.pid != crashed and evaluator.judge.starts == 1, "a fresh runner; the judge lived on"
 
 
 def test_out_of_memory(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:

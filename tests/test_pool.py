@@ -1,6 +1,6 @@
 """EvaluatorPool's scheduling: candidates queued for a device do not hold the workers that
-compiles need, and a device's reserved worker runs its device stages. The evaluators are fakes
-that record what ran where; no worker process starts."""
+compiles need, and a candidate's device stages go back to the worker (runner) that compiled it.
+The evaluators are fakes that record what ran where; no worker process starts."""
 
 from __future__ import annotations
 
@@ -50,14 +50,15 @@ def candidate(pool: EvaluatorPool, n: int) -> None:
     pool.run(TASK, f"candidate {n}", DEVICE)
 
 
-def test_device_stages_run_on_the_reserved_worker_and_compiles_on_the_others(tmp_path: Path) -> None:
-    pool, log = fake_pool(tmp_path, workers=3, seconds={"compile": 0.05, "device": 0.02})
-    assert [s.device_stages_only for s in pool.slots] == [True, False, False]
-    with ThreadPoolExecutor(8) as threads:
-        list(threads.map(lambda n: candidate(pool, n), range(8)))
-    assert {slot for slot, kind, *_ in log if kind == "device"} == {0}
-    assert {slot for slot, kind, *_ in log if kind == "compile"} == {1, 2}
-    assert len(log) == 16
+def test_device_stages_go_back_to_the_worker_that_compiled_the_candidate(tmp_path: Path) -> None:
+    """A runner holds one candidate: another worker would have to load it again."""
+    pool, log = fake_pool(tmp_path, workers=3, seconds={"compile": 0.01, "device": 0.01})
+    for n in range(4):
+        candidate(pool, n)
+        (compiled, _, *_), (judged, _, *_) = log[-2:]
+        assert judged == compiled
+    assert len(log) == 8
+    assert {judge.device for judge in (d.judge for d in pool.devices)} == {"cpu"}
 
 
 def test_candidates_waiting_for_the_device_leave_the_workers_to_compiles(tmp_path: Path) -> None:
@@ -76,7 +77,6 @@ def test_candidates_waiting_for_the_device_leave_the_workers_to_compiles(tmp_pat
 
 def test_a_single_worker_serves_every_stage(tmp_path: Path) -> None:
     pool, log = fake_pool(tmp_path, workers=1, seconds={"compile": 0.01, "device": 0.01})
-    assert not pool.slots[0].device_stages_only
     done = threading.Event()
     threading.Thread(target=lambda: (candidate(pool, 0), done.set()), daemon=True).start()
     assert done.wait(10), "one worker that is also the device's deadlocked"

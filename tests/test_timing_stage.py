@@ -1,4 +1,4 @@
-"""The timing stage in process: a torch.compile baseline that fails says why in the report."""
+"""The judge's timing of the reference, in process: a torch.compile baseline that fails says why."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from tools.config import EvalConfig
 from tools.programs import Program
 from tools.timing import Timer
-from tools.timing_stage import Baseline, time_candidate
+from tools.timing_stage import args_for_calls, measure_baseline
 
 TASK = """
 import torch
@@ -41,11 +41,11 @@ def test_a_failed_compiled_baseline_records_why(monkeypatch: pytest.MonkeyPatch)
     cfg = EvalConfig(trials=3, warmup=1, time_compiled_reference=True)
     cfg = cfg.model_copy(update={"guards": cfg.guards.model_copy(update={"speed_of_light": False})})
     reference = program.reference(cfg.seed)
-    baselines: dict[tuple[Any, ...], Baseline] = {}
-    report = time_candidate(Timer(program.device), program, cfg, reference, program.reference(cfg.seed), baselines, ("relu",))
-    assert report.reference_compiled is None and report.speedup_vs_compiled is None
-    assert report.compiled_error == "RuntimeError: no C++ compiler found"
+    calls = args_for_calls(program, cfg, reference)
+    base = measure_baseline(Timer(program.device), program, cfg, reference, calls.make)
+    assert base.compiled is None
+    assert base.compiled_error == "RuntimeError: no C++ compiler found"
     # Not asked for, nothing to explain.
     off = cfg.model_copy(update={"time_compiled_reference": False})
-    report = time_candidate(Timer(program.device), program, off, reference, program.reference(cfg.seed), {}, ("relu",))
-    assert report.reference_compiled is None and report.compiled_error is None
+    base = measure_baseline(Timer(program.device), program, off, reference, calls.make)
+    assert base.compiled is None and base.compiled_error is None

@@ -1,8 +1,9 @@
-"""Correctness: fresh seeded inputs and weights per trial, compared with guards against known hacks.
+"""Correctness, in the judge: fresh inputs and weights per trial, the reference run here, the
+candidate in its own process (tools/remote.py), the outputs compared here.
 
+The input seeds are salted by the OS in the judge and never sent to the candidate's process, and
+the reference never runs there, so its outputs cannot linger in memory the candidate could read.
 Guards, each with a test:
-- the reference's output memory is overwritten with NaN before the candidate runs, so a
-  candidate returning uninitialised memory (which would still hold the answer) fails;
 - inputs are compared before and after the candidate's call, so mutating them fails;
 - every trial has fresh inputs, so an output cached across calls fails;
 - a relative L2 error against the reference's norm, so an all-zero or constant output fails
@@ -25,12 +26,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tools.aten_ops import NON_COMPUTE, OpRecorder, synchronize
+from tools.channel import Spec
 from tools.config import REDUCED_PRECISION_TOLERANCE, EvalConfig
-from tools.kernel_share import measure_kernel_share
-from tools.output_guards import output_problem
+from tools.jobs import Rejected
 from tools.programs import Program, clone_args, tensors_of
+from tools.remote import RemoteModel
 from tools.results import (
     CorrectnessReport,
     DistributionOutcome,
@@ -40,142 +42,6 @@ from tools.results import (
 )
 
 DISTRIBUTION_NAMES = {"normal": "a signed standard normal", "normal_x4": "a signed standard normal times 4"}
-
-# aten ops that move, view or allocate data; everything else counts as compute.
-_NON_COMPUTE = {
-    "empty",
-    "empty_like",
-    "empty_strided",
-    "new_empty",
-    "new_empty_strided",
-    "zeros",
-    "zeros_like",
-    "ones",
-    "ones_like",
-    "full",
-    "full_like",
-    "new_zeros",
-    "new_ones",
-    "new_full",
-    "fill",
-    "fill_",
-    "zero_",
-    "view",
-    "_unsafe_view",
-    "reshape",
-    "_reshape_alias",
-    "contiguous",
-    "clone",
-    "copy_",
-    "copy",
-    "_to_copy",
-    "to",
-    "t",
-    "transpose",
-    "permute",
-    "expand",
-    "as_strided",
-    "detach",
-    "alias",
-    "select",
-    "slice",
-    "unsqueeze",
-    "squeeze",
-    "unbind",
-    "split",
-    "split_with_sizes",
-    "chunk",
-    "narrow",
-    "flatten",
-    "unflatten",
-    "lift_fresh",
-    "resize_",
-    "set_",
-    "is_nonzero",
-    "item",
-    "_local_scalar_dense",
-    "arange",
-    "rand",
-    "randn",
-    "normal_",
-    "uniform_",
-    "random_",
-    "randint",
-    "bernoulli_",
-    "stride",
-    "size",
-    "numel",
-    "dim",
-    "sym_size",
-    "sym_stride",
-    "sym_numel",
-    "_has_compatible_shallow_copy_type",
-    "record_stream",
-    "cat",
-    "stack",
-    "index_select",
-    "_reshape_copy",
-    "view_as",
-    "expand_as",
-    "repeat",
-    "result_type",
-    "scalar_tensor",
-}
-
-
-class OpRecorder(TorchDispatchMode):
-    """Records the aten compute ops reached, also from inside C++ extensions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = func._schema.name.split("::")[-1]
-        if name not in _NON_COMPUTE:
-            self.ops.add(name)
-        return func(*args, **(kwargs or {}))
-
-
-def synchronize(device: torch.device) -> None:
-    # Device-wide: covers work the candidate left on any stream.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def poison_freed_memory(device: torch.device, max_blocks: int = 4096) -> int:
-    """Fill the CUDA caching allocator's free blocks with NaN; returns how many were filled.
-
-    Each free block is taken back by asking for exactly its size (best fit), filled, and
-    released once all are held, so a later `torch.empty` sees NaN instead of stale results.
-    """
-    if device.type != "cuda":
-        return 0
-    held: list[torch.Tensor] = []
-    sizes = [
-        block["size"]
-        for segment in torch.cuda.memory_snapshot()
-        if segment.get("device", device.index or 0) == (device.index or 0)
-        for block in segment["blocks"]
-        if block["state"] == "inactive" and block["size"] >= 512
-    ]
-    for size in sorted(sizes, reverse=True)[:max_blocks]:
-        try:
-            held.append(torch.full((size // 4,), float("nan"), dtype=torch.float32, device=device))
-        except torch.OutOfMemoryError:
-            break
-    count = len(held)
-    del held
-    return count
-
-
-def poison(outputs: list[torch.Tensor]) -> None:
-    """Overwrite the reference's own output buffers before they are freed (CPU and CUDA)."""
-    for tensor in outputs:
-        if tensor.is_floating_point() or tensor.is_complex():
-            tensor.detach().fill_(float("nan"))
-        else:
-            tensor.detach().fill_(-7)
 
 
 @dataclass(frozen=True)
@@ -300,25 +166,6 @@ def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "
     return Comparison(not reason, reason, max_abs, mean_abs, rel_l2, mism)
 
 
-def _inputs_changed(before: list[Any], after: list[Any]) -> str:
-    for i, (b, a) in enumerate(zip(before, after, strict=True)):
-        if isinstance(b, torch.Tensor):
-            # torch.equal alone (one read pass) settles the common case; NaN never equals itself,
-            # so only a mismatch pays for the NaN-aware copies.
-            same = b.shape == a.shape and (bool(torch.equal(b, a)) or bool(torch.equal(b.nan_to_num(nan=0.5), a.nan_to_num(nan=0.5))))
-            if not same:
-                return f"the candidate modified input {i} in place; inputs must be left unchanged"
-    return ""
-
-
-@dataclass
-class TrialContext:
-    """Worker-side state the correctness check needs besides the program."""
-
-    kernel_calls: Any  # () -> int, calls into compiled kernels so far
-    integrity: Any  # () -> str, non-empty when timers or sync were tampered with
-
-
 def _fail(trial: int, seed: int, reason: str, cmp: Comparison | None = None) -> TrialOutcome:
     if cmp is None:
         return TrialOutcome(trial=trial, seed=seed, passed=False, reason=reason)
@@ -334,62 +181,27 @@ def _fail(trial: int, seed: int, reason: str, cmp: Comparison | None = None) -> 
     )
 
 
-class Rejected(Exception):
-    """A trial found a hack rather than a wrong answer."""
-
-
 def _judge_call(
     program: Program,
     ref_model: Any,
-    new_model: Any,
+    new_model: RemoteModel,
     inputs: list[Any],
     cfg: EvalConfig,
-    ctx: TrialContext,
     record_ops: bool,
     atol_by_rms: bool = False,
 ) -> tuple[Comparison, set[str], set[str]]:
-    """One reference call and one candidate call on the same inputs, with every guard applied."""
-    device = program.device
-    ref_ops: set[str] = set()
-    new_ops: set[str] = set()
+    """One reference call here and one candidate call in its own process, on the same inputs;
+    the runner's outputs are compared here, and every guard applied (see tools/remote.py)."""
     with torch.no_grad():
-        ref_in = clone_args(inputs)
         with OpRecorder() if record_ops else _Null() as rec:
-            ref_out = ref_model(*ref_in)
-        ref_ops = rec.ops if record_ops else set()
-        synchronize(device)
-        expected = [t.detach().clone() for t in tensors_of(ref_out)]
-        poison(tensors_of(ref_out))
-        del ref_out, ref_in
-        synchronize(device)
-        poison_freed_memory(device)
-
-        cand_in = clone_args(inputs)
-        # The poison fills and input clones must land before a candidate that works on another
-        # stream (which never waits for the default one) reads or writes memory.
-        synchronize(device)
-        calls_before = ctx.kernel_calls()
-        with OpRecorder() if record_ops else _Null() as rec:
-            out = new_model(*cand_in)
-        new_ops = rec.ops if record_ops else set()
-        synchronize(device)
-
-    tampered = ctx.integrity()
-    if tampered:
-        raise Rejected(tampered)
-    changed = _inputs_changed(inputs, cand_in)
-    if changed:
-        raise Rejected(changed)
-    # Before the kernel count: a deferred output calls its kernel only when looked at.
-    if cfg.guards.plain_outputs:
-        problem = output_problem(out, cand_in)
-        if problem:
-            raise Rejected(problem)
-    if ctx.kernel_calls() == calls_before:
-        raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
-    actual = tensors_of(out)
-    if len(actual) != len(expected):
-        return Comparison(False, f"returned {len(actual)} tensors, expected {len(expected)}", 0, 0, 0, ()), ref_ops, new_ops
+            ref_out = ref_model(*clone_args(inputs))
+        ref_ops = set(rec.ops) if record_ops else set()
+        synchronize(program.device)
+    expected = [t.detach() for t in tensors_of(ref_out)]
+    call, actual = new_model.call(inputs, tuple(Spec.of(t) for t in expected), record_ops=record_ops)
+    new_ops = set(call.reply.ops)
+    if call.mismatch:
+        return Comparison(False, call.mismatch, 0, 0, 0, ()), ref_ops, new_ops
     worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
     for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
         cmp = compare(exp, act, cfg, which="output" if len(expected) == 1 else f"output {i}", atol_by_rms=atol_by_rms)
@@ -410,9 +222,7 @@ class _Null:
         return None
 
 
-def run_trial(
-    program: Program, cfg: EvalConfig, trial: int, seed: int, ctx: TrialContext, record_ops: bool
-) -> tuple[TrialOutcome, set[str], set[str]]:
+def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, record_ops: bool) -> tuple[TrialOutcome, set[str], set[str]]:
     """Fresh weights from the trial's seed, then two calls of the same instance on two fresh
     input sets: an output cached inside the instance fails the second call."""
     ref_model = program.reference(seed)
@@ -422,7 +232,7 @@ def run_trial(
     worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
     for call, input_seed in enumerate((seed + 1_000_003, seed + 2_000_003)):
         inputs = program.inputs(input_seed)
-        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, ctx, record_ops and call == 0)
+        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, record_ops and call == 0)
         ref_ops |= r_ops
         new_ops |= n_ops
         if not cmp.passed:
@@ -436,9 +246,9 @@ def run_trial(
     return outcome, ref_ops, new_ops
 
 
-def verify_after_timing(program: Program, cfg: EvalConfig, ctx: TrialContext, ref_model: Any, new_model: Any, seed: int) -> Comparison:
+def verify_after_timing(program: Program, cfg: EvalConfig, ref_model: Any, new_model: RemoteModel, seed: int) -> Comparison:
     """The timed instance, called once more on inputs it has never seen."""
-    cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed), cfg, ctx, record_ops=False)
+    cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed), cfg, record_ops=False)
     return cmp
 
 
@@ -460,9 +270,7 @@ def _distribution_skip(program: Program, ref_model: Any, seed: int, distribution
     return ""
 
 
-def check_distributions(
-    program: Program, cfg: EvalConfig, ctx: TrialContext, first_seed: int
-) -> tuple[tuple[DistributionOutcome, ...], TrialOutcome | None]:
+def check_distributions(program: Program, cfg: EvalConfig, first_seed: int) -> tuple[tuple[DistributionOutcome, ...], TrialOutcome | None]:
     """One call per extra distribution, each with fresh weights; the first failure ends it."""
     outcomes: list[DistributionOutcome] = []
     for k, name in enumerate(cfg.guards.input_distributions):
@@ -473,7 +281,7 @@ def check_distributions(
         if skipped:
             outcomes.append(DistributionOutcome(name=name, passed=False, skipped=skipped))
             continue
-        cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed, name), cfg, ctx, record_ops=False, atol_by_rms=True)
+        cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed, name), cfg, record_ops=False, atol_by_rms=True)
         outcomes.append(DistributionOutcome(name=name, passed=cmp.passed))
         if not cmp.passed:
             reason = f"on inputs redrawn from {DISTRIBUTION_NAMES.get(name, name)} ({name}): {cmp.reason}"
@@ -487,7 +295,7 @@ def kernel_share(program: Program, cfg: EvalConfig, reference_ops: set[str]) -> 
     ref_model = program.reference(seed)
     model = program.new_model(seed, reference=ref_model)
     arg_sets = [program.inputs(seed + k) for k in range(4)]
-    share = measure_kernel_share(model, arg_sets, program.device, frozenset(_NON_COMPUTE), reference_ops)
+    share = model.kernel_share(arg_sets, frozenset(NON_COMPUTE), reference_ops)
     if share.judged_share < cfg.guards.min_kernel_share:
         raise Rejected(
             f"the candidate's own kernels do {share.judged_share:.1%} of its forward's compute time "
@@ -499,7 +307,7 @@ def kernel_share(program: Program, cfg: EvalConfig, reference_ops: set[str]) -> 
 
 
 def check_correctness(
-    program: Program, cfg: EvalConfig, ctx: TrialContext, trials: int | None = None, first_seed: int | None = None, full: bool = True
+    program: Program, cfg: EvalConfig, trials: int | None = None, first_seed: int | None = None, full: bool = True
 ) -> CorrectnessReport:
     """Run the trials; raises Rejected for a hack, returns a report for right or wrong answers.
 
@@ -531,7 +339,7 @@ def check_correctness(
 
     for trial in range(n):
         seed = base + trial
-        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, ctx, record_ops=trial == 0)
+        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, record_ops=trial == 0)
         if trial == 0:
             torch_ops = new_ops
             reference_ops = ref_ops
@@ -547,7 +355,7 @@ def check_correctness(
     distributions: tuple[DistributionOutcome, ...] = ()
     share = None
     if full:
-        distributions, bad = check_distributions(program, cfg, ctx, base)
+        distributions, bad = check_distributions(program, cfg, base)
         if bad is not None:
             return failed(bad, None, distributions)
         if cfg.guards.min_kernel_share > 0:

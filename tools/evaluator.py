@@ -1,4 +1,5 @@
-"""The evaluator's Python API: static check, then compile, correctness, timing and profile in a worker.
+"""The evaluator's Python API: static check here, compile in the candidate's own process (the
+runner), then correctness, timing and profile driven by the judge, which never loads candidate code.
 
     with Evaluator(EvalConfig(device="cpu")) as ev:
         result = ev.evaluate(TaskProgram(name="relu", source=ref), candidate_source)
@@ -17,10 +18,11 @@ from typing import Self
 import structlog
 
 from tools.config import EvalConfig
-from tools.jobs import EvalJob, TaskProgram
+from tools.jobs import EvalJob, JobReply, TaskProgram
+from tools.programs import source_hash
 from tools.results import EvalResult, EvalStatus, Stage, StaticReport
 from tools.static_check import check_candidate
-from tools.worker import Worker
+from tools.worker import Judge, Worker
 
 log = structlog.get_logger()
 
@@ -31,13 +33,17 @@ _RUN_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
 class Evaluator:
     """Judges candidates for one device through one reusable worker."""
 
-    def __init__(self, config: EvalConfig, worker: Worker | None = None):
+    def __init__(self, config: EvalConfig, worker: Worker | None = None, judge: Judge | None = None):
         self.config = config
         self.worker = worker or Worker(
             device=config.device,
             cache_dir=config.cache_dir,
             memory_limit_gb=config.memory_limit_gb,
             threads=config.cpu_threads,
+        )
+        self.owns_judge = judge is None
+        self.judge = judge or Judge(
+            device=config.device, threads=self.worker.threads, gpu_index=self.worker.gpu_index, cores=self.worker.cores
         )
 
     def __enter__(self) -> Self:
@@ -48,12 +54,48 @@ class Evaluator:
 
     def close(self) -> None:
         self.worker.close()
+        if self.owns_judge:
+            self.judge.close()
 
     @property
     def _setting(self) -> dict[str, object]:
         """What every result records of how it was judged."""
         cfg = self.config
         return {"device": cfg.device, "precision": cfg.precision, "tolerance": cfg.precision_tolerance.rtol, "allow_tf32": cfg.allow_tf32}
+
+    def _run_worker_stages(self, task: TaskProgram, candidate: str, stages: tuple[Stage, ...]) -> tuple[JobReply, str]:
+        """Load (compile) in the candidate's runner when asked or not yet done there, then the device
+        stages through the judge; the first failure is the reply."""
+        self.worker.for_candidate(source_hash(task.source + "\0" + candidate + "\0" + self.config.precision))
+        job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=(Stage.COMPILE,), config=self.config)
+        load: JobReply | None = None
+        if Stage.COMPILE in stages or not self.worker.alive:
+            load, printed = self.worker.run(job, self.config.compile_timeout_s)
+            if load.failure is not None:
+                return load, printed
+            if Stage.COMPILE not in stages:
+                load = load.model_copy(update={"compile": None, "stage_seconds": {}})
+        device_stages = tuple(s for s in stages if s is not Stage.COMPILE)
+        if not device_stages:
+            assert load is not None
+            return load, ""
+        judged = job.model_copy(update={"stages": device_stages})
+        with self.judge.lock:
+            reply, printed = self.worker.run_judged(self.judge, judged, self.config.timeout_s)
+            if self.worker.killed_from_outside(reply):
+                # Not the candidate's doing (the OOM killer, an operator): once more in a fresh runner.
+                self.worker.retries += 1
+                again, printed = self.worker.run(job, self.config.compile_timeout_s)
+                reply = again if again.failure is not None else self.worker.run_judged(self.judge, judged, self.config.timeout_s)[0]
+        if load is not None:
+            reply = reply.model_copy(
+                update={
+                    "compile": load.compile,
+                    "isolation": load.isolation,
+                    "stage_seconds": {**load.stage_seconds, **reply.stage_seconds},
+                }
+            )
+        return reply, printed
 
     def static(self, candidate: str) -> StaticReport:
         return check_candidate(candidate, backend=self.config.kernel_backend)
@@ -90,11 +132,7 @@ class Evaluator:
         worker_stages = tuple(s for s in stage_set if s is not Stage.STATIC)
         if not worker_stages:
             return EvalResult(**self._setting, status=None, static=static, stage_seconds=seconds)
-        job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=worker_stages, config=self.config)
-        timeout = self.config.compile_timeout_s if worker_stages == (Stage.COMPILE,) else self.config.timeout_s
-        if Stage.COMPILE in worker_stages and len(worker_stages) > 1:
-            timeout = self.config.compile_timeout_s + self.config.timeout_s
-        reply, printed = self.worker.run(job, timeout)
+        reply, printed = self._run_worker_stages(task, candidate, worker_stages)
         seconds.update(reply.stage_seconds)
         status = reply.failure
         if status is None and Stage.CORRECTNESS in worker_stages:
@@ -110,6 +148,7 @@ class Evaluator:
             profile=reply.profile,
             stage_seconds=seconds,
             worker_log=printed[-2000:] if reply.failure else "",
+            isolation=reply.isolation or None,
         )
         log.info(
             "evaluated", task=task.name, stages=[s.value for s in worker_stages], status=result.status.value if result.status else "passed"

@@ -42,6 +42,11 @@ class JobReply(Frozen):
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     fatal: bool = False
     """The worker's state is unusable (a CUDA fault): the parent replaces it."""
+    runner_gone: bool = False
+    """From the judge: the candidate's process closed its end mid-job; the parent, which watched
+    it, says why (a crash, a timeout, memory)."""
+    isolation: str = ""
+    """From the runner's load: how the candidate's process is confined (filesystem, capabilities, audit hook)."""
 
 
 class StageFailed(Exception):
@@ -52,3 +57,7 @@ class StageFailed(Exception):
         self.status = status
         self.message = message
         self.fatal = fatal
+
+
+class Rejected(Exception):
+    """A check found a hack rather than a wrong answer; becomes the job's `rejected` reply."""

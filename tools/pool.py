@@ -4,12 +4,13 @@
   one device at the same moment; loading and compiling do not, so a compile overlaps a timing.
 - A candidate waits for its device's lock before it takes a worker, so candidates queued for
   the device never hold workers that the next compiles need.
-- A device with two or more workers keeps one for its device stages only: it is always free
-  for the lock's holder, and on a GPU its CUDA context stays warm (a fresh one costs seconds of
-  the device's time). Compiles take the others.
-- GPUs: each device is one GPU, its workers pinned with CUDA_VISIBLE_DEVICES.
+- Each device has one judge (tools/judge.py), the trusted process that runs the reference and
+  drives the device stages; it never loads candidate code, so it is shared by the device's
+  workers and keeps its CUDA context warm. Each worker is a runner, fresh for every candidate.
+- GPUs: each device is one GPU, its workers and judge pinned with CUDA_VISIBLE_DEVICES.
 - CPU: the cores are split into devices, each worker pinned to its device's cores.
-- Otherwise a candidate's later stages go back to the worker that loaded it when that worker is free.
+- A candidate's later stages go back to the worker that loaded (compiled) it when that worker is
+  free; another worker loads it again from the build cache.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tools.evaluator import Evaluator
 from tools.jobs import TaskProgram
 from tools.programs import source_hash
 from tools.results import EvalResult, Stage
-from tools.worker import Worker
+from tools.worker import Judge, Worker
 
 _DEVICE_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
 
@@ -34,6 +35,7 @@ _DEVICE_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
 @dataclass
 class Device:
     name: str
+    judge: Judge
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy_s: float = 0.0
     timing_s: float = 0.0
@@ -43,7 +45,6 @@ class Device:
 class Slot:
     evaluator: Evaluator
     device: Device
-    device_stages_only: bool = False
 
 
 def cpu_groups(devices: int) -> list[list[int]]:
@@ -67,11 +68,14 @@ class EvaluatorPool:
         self.started = time.monotonic()
         if config.device == "cuda":
             n_devices = devices or max(1, gpu_count())
-            self.devices = [Device(name=f"cuda:{i}") for i in range(n_devices)]
+            self.devices = [Device(name=f"cuda:{i}", judge=Judge(device="cuda", gpu_index=i)) for i in range(n_devices)]
             groups: list[list[int] | None] = [None] * n_devices
         else:
             core_groups = cpu_groups(devices or workers)
-            self.devices = [Device(name=f"cpu[{','.join(map(str, g))}]") for g in core_groups]
+            self.devices = [
+                Device(name=f"cpu[{','.join(map(str, g))}]", judge=Judge(device="cpu", threads=config.cpu_threads or len(g), cores=g))
+                for g in core_groups
+            ]
             groups = list(core_groups)
         self.slots: list[Slot] = []
         for i in range(max(1, workers)):
@@ -85,10 +89,7 @@ class EvaluatorPool:
                 gpu_index=d if config.device == "cuda" else None,
                 cores=cores,
             )
-            self.slots.append(Slot(evaluator=Evaluator(config, worker=worker), device=self.devices[d]))
-        for device in self.devices:  # the first worker of a device that has others is kept for its device stages
-            mine = [slot for slot in self.slots if slot.device is device]
-            mine[0].device_stages_only = len(mine) > 1
+            self.slots.append(Slot(evaluator=Evaluator(config, worker=worker, judge=self.devices[d].judge), device=self.devices[d]))
         self._free: set[int] = set(range(len(self.slots)))
         self._affinity: dict[str, int] = {}
         self._changed = threading.Condition()
@@ -102,20 +103,19 @@ class EvaluatorPool:
     def close(self) -> None:
         for slot in self.slots:
             slot.evaluator.close()
+        for device in self.devices:
+            device.judge.close()
 
     def _acquire(self, key: str, device: Device | None) -> int:
-        """A free worker: for device stages (`device` given, its lock held) one of that device's,
-        its reserved worker first, then the one that loaded the candidate; for the rest any worker
-        not reserved, the one that loaded the candidate first."""
+        """A free worker, the one that loaded the candidate first: for device stages (`device`
+        given, its lock held) one of that device's, for the rest any."""
 
         def rank(i: int) -> tuple[int, int] | None:
             """Lower is preferred; None: this worker may not take the stages."""
             slot, loaded = self.slots[i], self._affinity.get(key) == i
-            if device is None:
-                return None if slot.device_stages_only else (0 if loaded else 1, i)
-            if slot.device is not device:
+            if device is not None and slot.device is not device:
                 return None
-            return (0 if slot.device_stages_only else 1 if loaded else 2, i)
+            return (0 if loaded else 1, i)
 
         with self._changed:
             while True:

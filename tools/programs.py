@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -89,10 +90,16 @@ class Program:
     """A loaded task and candidate: seeded construction of both models and of inputs."""
 
     task: ModuleType
-    candidate: ModuleType
+    candidate: ModuleType | None
+    """None in the judge, which never loads candidate code: `build` makes its models elsewhere."""
     device: torch.device
     dtype: torch.dtype = torch.float32
     """Floating-point inputs, parameters and buffers are cast to this (the run's precision)."""
+    build: Callable[[int], Any] | None = None
+    """The judge's way to a ModelNew: construct one in the candidate's process from a seed."""
+    input_salt: int = 0
+    """Added to every input seed; drawn from the OS per job by the judge and never sent to the
+    candidate's process, which can therefore not work out the inputs from a model's seed."""
 
     def init_inputs(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
@@ -103,7 +110,7 @@ class Program:
         """`get_inputs()` from the seed; for another distribution its floating-point tensors are
         redrawn (same shapes, dtypes and devices), integer and bool tensors kept as they are."""
         # Generated on the device itself, from the seed: no host-to-device copy of large inputs.
-        torch.manual_seed(seed)
+        torch.manual_seed((seed + self.input_salt) % (1 << 63))
         with self.device:
             args = to_device(list(self.task.get_inputs()), self.device)
             if distribution != "task":
@@ -123,7 +130,10 @@ class Program:
             model = self.task.Model(*init)
         return self._placed(model)
 
-    def new_model(self, seed: int, reference: nn.Module | None = None) -> nn.Module:
+    def new_model(self, seed: int, reference: nn.Module | None = None) -> Any:
+        if self.build is not None:
+            return self.build(seed)
+        assert self.candidate is not None
         init = self.init_inputs(seed)
         torch.manual_seed(seed)
         with self.device:

@@ -63,6 +63,8 @@ class CompileReport(Frozen):
     cache_misses: int = 0
     log: str = ""
     """The compiler output, trimmed to the first errors with their lines."""
+    compiler: str | None = None
+    """The run's C++ compiler and its version (tools/pch.py), e.g. "clang++-19 19.1.7 (clang)"."""
 
 
 class Mismatch(Frozen):
@@ -171,6 +173,12 @@ class TimingReport(Frozen):
     """Speed-of-light floor: the outputs' bytes at the device's peak bandwidth plus a launch."""
     reference_roofline_ms: float | None = None
     """Information only: the reference's bytes moved and FLOPs at the device's peaks."""
+    floor_retimed: bool = False
+    """Timed below the speed-of-light floor, then timed again with every output checked: the
+    candidate's figures are the second timing's."""
+    judge_wall_ms: float | None = None
+    """The judge's own clock per call (median), from handing over the inputs to the outputs being
+    ready; the reported candidate times were checked against it."""
     reference_source: Literal["measured", "cached"] = "measured"
     """Where the reference's timings came from: timed in full by this worker, or read from the
     baseline cache after a spot check in this worker agreed with them (see tools/baseline_cache.py)."""
@@ -245,6 +253,8 @@ class EvalResult(Frozen):
     nsight: NsightReport | None = None
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     worker_log: str = ""
+    isolation: str | None = None
+    """How the candidate's process was confined (writes, capabilities, audit hook), as it reported at load."""
     """The tail of what the candidate printed, when it failed."""
 
     def merge(self, later: EvalResult) -> EvalResult:

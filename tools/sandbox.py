@@ -43,11 +43,13 @@ def scrubbed_env(base: dict[str, str] | None = None, /, **extra: str) -> dict[st
 def apply_limits(memory_bytes: int | None, file_bytes: int) -> None:
     """Called in the worker before it runs anything of the candidate's.
 
-    The address-space limit is only set for CPU workers: the CUDA driver reserves far more
-    virtual memory than it uses, so CUDA workers rely on the parent's RSS watchdog instead.
+    The memory limit is only set for CPU workers, and on the data segment (private writable
+    memory: the heap, anonymous maps, thread stacks), not the address space: a CUDA build of torch
+    maps gigabytes of libraries and reservations it never writes, and failed every allocation
+    under a 16 GiB address-space limit on a GPU host. CUDA workers rely on the parent's RSS watchdog.
     """
     if memory_bytes is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 

@@ -1,9 +1,10 @@
-"""Timing: reference and candidate in the same process, the same way, many trials, the median.
+"""Timing: one call the same way wherever it runs, many trials, the median.
 
 On CUDA each call sits between CUDA events, with a device-wide synchronize before the end event
 so that work a candidate put on another stream is counted, and an L2 flush before each trial.
-On CPU a monotonic clock. The caller supplies each call's arguments (fresh values per call, made
-before the clock starts) and may inspect each timed call's output after the clock stopped.
+On CPU a monotonic clock. The judge times the reference with `Timer.time`; the candidate's process
+times each call the judge hands it with `Timer.time_call`, the same steps one call at a time, and
+the judge checks those figures against its own clock (tools/timing_stage.py).
 """
 
 from __future__ import annotations
@@ -91,6 +92,24 @@ class Timer:
                 return Timed(stats(samples, "cuda-events"), tuple(samples))
             samples = self._time_cpu(fn, make_args, warmup, trials, after_call)
             return Timed(stats(samples, "monotonic"), tuple(samples))
+
+    def time_call(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
+        """One call and its milliseconds, as `time` takes each of its samples."""
+        with torch.no_grad():
+            if self.device.type != "cuda":
+                start_ns = time.perf_counter_ns()
+                out = fn(*args)
+                return out, (time.perf_counter_ns() - start_ns) / 1e6
+            assert self._flush is not None
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._flush.zero_()
+            torch.cuda.synchronize(self.device)
+            start.record()
+            out = fn(*args)
+            torch.cuda.synchronize(self.device)
+            end.record()
+            end.synchronize()
+            return out, start.elapsed_time(end)
 
     def _time_cpu(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None) -> list[float]:
         samples = []

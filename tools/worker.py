@@ -1,8 +1,10 @@
-"""The parent's handle on one worker process: start, send a job, watch it, replace it.
+"""The parent's handles on the two processes of an evaluation: the runner (the candidate's
+process, one per candidate) and the judge (trusted, one per device, long-lived).
 
-A segfault, a hang, a CUDA fault or a blown memory limit ends the worker, never the caller:
-the job gets that status, and the next job starts a fresh worker. Healthy workers are reused,
-so the cost of importing torch is paid once.
+A segfault, a hang, a CUDA fault or a blown memory limit ends the runner, never the caller nor
+the judge: the job gets that status, and the next candidate gets a fresh runner. A runner is
+never reused for another candidate, so nothing one candidate changed in its process reaches the
+next; the judge never loads candidate code, so it is reused, and its CUDA context stays warm.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 
 import structlog
@@ -78,6 +81,10 @@ class Worker:
         self.cores = cores
         self.proc: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
+        self.judge_end: socket.socket | None = None
+        """The parent's end of the runner's socket to the judge, handed to the judge for each device job."""
+        self.candidate_key = ""
+        """The candidate this runner was started for ("" before its first job)."""
         self.workdir: Path | None = None
         self.log_path: Path | None = None
         self.starts = 0
@@ -93,6 +100,8 @@ class Worker:
         extra = {
             "PYTHONPATH": sandbox.project_pythonpath(),
             "HOME": str(self.workdir),
+            # Compilers' temporary files: the runner may write only under its own folder and the caches.
+            "TMPDIR": str(self.workdir),
             # Found under the real HOME, which the worker does not see: without it no build takes the header.
             "REFINERY_PCH_DIR": str(default_pch_dir()),
             "OMP_NUM_THREADS": str(self.threads),
@@ -117,11 +126,13 @@ class Worker:
         self.workdir = Path(tempfile.mkdtemp(prefix="refinery-worker-"))
         self.log_path = self.workdir / "worker.log"
         parent_sock, child_sock = socket.socketpair()
+        self.judge_end, judge_sock = socket.socketpair()
         # The command line as flag and value pairs, one a line.
         # fmt: off
         cmd = [
             sys.executable, "-m", "tools.worker_main",
             "--fd", str(child_sock.fileno()),
+            "--judge-fd", str(judge_sock.fileno()),
             "--device", "cuda:0" if self.device == "cuda" else "cpu",
             "--cache-dir", str(self.cache_dir),
             "--threads", str(self.threads),
@@ -144,12 +155,13 @@ class Worker:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    pass_fds=(child_sock.fileno(),),
+                    pass_fds=(child_sock.fileno(), judge_sock.fileno()),
                     start_new_session=True,
                 )
                 .result()
             )
         child_sock.close()
+        judge_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
         self.pid = self.proc.pid
@@ -170,10 +182,7 @@ class Worker:
 
     def _recv_or_none(self) -> object:
         assert self.conn is not None
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            return None
+        return _recv_or_none(self.conn)
 
     def run(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
         """Run a job; returns the reply and the tail of what the candidate printed.
@@ -183,11 +192,22 @@ class Worker:
         reported as OOM, while an outside kill does not change the candidate's verdict.
         """
         reply, printed = self._run_once(job, timeout_s)
-        if reply.failure is EvalStatus.OOM and reply.message.startswith(_KILLED):
+        if self.killed_from_outside(reply):
             log.warning("worker_killed_retrying", pid=self.pid)
             self.retries += 1
             reply, printed = self._run_once(job, timeout_s)
         return reply, printed
+
+    @staticmethod
+    def killed_from_outside(reply: JobReply) -> bool:
+        """Ended by a SIGKILL nobody here sent (the OOM killer, an operator): worth one more try."""
+        return reply.failure is EvalStatus.OOM and reply.message.startswith(_KILLED)
+
+    def for_candidate(self, key: str) -> None:
+        """A fresh runner when this one was started for another candidate (or has died)."""
+        if self.candidate_key != key:
+            self.close()
+            self.candidate_key = key
 
     def _run_once(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
         if not self.alive:
@@ -198,11 +218,25 @@ class Worker:
         except (BrokenPipeError, OSError):
             self.start()
             self.conn.send(job)
-        deadline = time.monotonic() + timeout_s
+        return self._watch(self.conn, time.monotonic() + timeout_s, timeout_s)
+
+    def run_judged(self, judge: Judge, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
+        """The device stages: the judge drives this runner; this process watches the runner's
+        time, memory and life, and the judge's life."""
+        if not self.alive or self.judge_end is None:
+            return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate is not loaded: run its compile stage first"), ""
+        conn = judge.submit(job, self.judge_end)
+        return self._watch(conn, time.monotonic() + timeout_s, timeout_s, judge=judge)
+
+    def _watch(self, conn: Connection, deadline: float, timeout_s: float, judge: Judge | None = None) -> tuple[JobReply, str]:
+        assert self.proc is not None and self.log_path is not None
         while True:
-            if self.conn.poll(_WATCH_INTERVAL_S):
-                reply = self._recv_or_none()
-                if isinstance(reply, JobReply):
+            if conn.poll(_WATCH_INTERVAL_S):
+                reply = _recv_or_none(conn)
+                if judge is not None and not isinstance(reply, JobReply):
+                    judge.kill(reason="died")
+                    return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the judge process died: {judge.log_tail()}"), ""
+                if isinstance(reply, JobReply) and not reply.runner_gone:
                     printed = sandbox.tail(self.log_path) if reply.failure else ""
                     if reply.fatal:
                         self.kill(reason="fatal")
@@ -211,15 +245,21 @@ class Worker:
                 return self._died(printed), printed
             if not self.alive:
                 printed = sandbox.tail(self.log_path)
+                if judge is not None:
+                    judge.drain(conn)
                 return self._died(printed), printed
             if sandbox.tree_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
                 printed = sandbox.tail(self.log_path)
                 self.kill(reason="memory")
+                if judge is not None:
+                    judge.drain(conn)
                 gb = self.memory_limit_bytes / (1 << 30)
                 return JobReply(failure=EvalStatus.OOM, message=f"the candidate used more than {gb:.1f} GB of host memory"), printed
             if time.monotonic() > deadline:
                 printed = sandbox.tail(self.log_path)
                 self.kill(reason="timeout")
+                if judge is not None:
+                    judge.drain(conn)
                 return JobReply(failure=EvalStatus.TIMEOUT, message=f"no result within {timeout_s:.0f} s; the worker was killed"), printed
 
     def _died(self, printed: str = "") -> JobReply:
@@ -262,6 +302,9 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
         self.conn = None
+        if self.judge_end is not None:
+            self.judge_end.close()
+        self.judge_end = None
         self.proc = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -275,3 +318,121 @@ class Worker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
         self._cleanup()
+
+
+def _recv_or_none(conn: Connection) -> object:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+class Judge:
+    """The trusted process of one device (tools/judge.py): started once, reused for every candidate."""
+
+    def __init__(self, device: str = "cpu", threads: int | None = None, gpu_index: int | None = None, cores: list[int] | None = None):
+        self.device = device
+        self.threads = threads or max(1, len(os.sched_getaffinity(0)))
+        self.gpu_index = gpu_index
+        self.cores = cores
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conn: Connection | None = None
+        self.workdir: Path | None = None
+        self.log_path: Path | None = None
+        self.starts = 0
+        self.lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self.close()
+        self.workdir = Path(tempfile.mkdtemp(prefix="refinery-judge-"))
+        self.log_path = self.workdir / "judge.log"
+        parent_sock, child_sock = socket.socketpair()
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools.judge",
+            "--fd",
+            str(child_sock.fileno()),
+            "--device",
+            "cuda:0" if self.device == "cuda" else "cpu",
+            "--threads",
+            str(self.threads),
+            "--cores",
+            ",".join(map(str, self.cores or [])),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        env = {
+            "PYTHONPATH": sandbox.project_pythonpath(),
+            "HOME": str(self.workdir),
+            "OMP_NUM_THREADS": str(self.threads),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if self.gpu_index is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        with open(self.log_path, "wb") as out:
+            self.proc = (
+                _spawner()
+                .submit(
+                    subprocess.Popen,
+                    cmd,
+                    cwd=self.workdir,
+                    env=sandbox.scrubbed_env(**env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(child_sock.fileno(),),
+                    start_new_session=True,
+                )
+                .result()
+            )
+        child_sock.close()
+        self.conn = Connection(os.dup(parent_sock.fileno()))
+        parent_sock.close()
+        self.starts += 1
+        if not self.conn.poll(_STARTUP_TIMEOUT_S) or _recv_or_none(self.conn) != "ready":
+            detail = self.log_tail()
+            self.close()
+            raise WorkerStartError(f"the judge process did not start; its output:\n{detail}")
+        log.info("judge_started", pid=self.proc.pid, device=self.device)
+
+    def submit(self, job: EvalJob, runner_end: socket.socket) -> Connection:
+        """Send a job and the runner's socket; the reply comes on the returned connection."""
+        if not self.alive:
+            self.start()
+        assert self.conn is not None and self.proc is not None
+        self.conn.send(job)
+        send_handle(self.conn, runner_end.fileno(), self.proc.pid)
+        return self.conn
+
+    def drain(self, conn: Connection, timeout_s: float = 30.0) -> None:
+        """After the runner was killed: the judge notices and replies; read that reply away (or restart it)."""
+        if conn.poll(timeout_s) and isinstance(_recv_or_none(conn), JobReply):
+            return
+        self.kill(reason="no reply after the runner ended")
+
+    def log_tail(self) -> str:
+        return sandbox.tail(self.log_path) if self.log_path is not None else ""
+
+    def kill(self, reason: str) -> None:
+        log.warning("judge_replaced", reason=reason, pid=self.proc.pid if self.proc else None)
+        self.close()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            sandbox.kill_tree(self.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = None
+        self.conn = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir = None

@@ -1,40 +1,72 @@
-"""The worker process: loads candidates, runs the evaluation stages, answers over a pipe.
+"""The runner: the candidate's process. It loads one candidate, builds its models and runs the
+calls the judge hands it; nothing a verdict depends on lives here.
 
-Started by `tools.worker.Worker` as `python -m tools.worker_main`, in its own process group, in a
-temporary directory, with a scrubbed environment and resource limits. Candidate code runs here
-and only here.
+Started by `tools.worker.Worker` (forked from a warm template, see tools/forkserver.py) in its own
+process group and temporary directory, with a scrubbed environment and resource limits, for one
+candidate only. Before any candidate code runs it confines its writes to its own folder and the
+build caches (tools/confine.py), gives up its capabilities, records the settings the evaluation
+pins and arms an audit hook (tools/audit.py). It answers the parent (load and compile) on one
+socket and the judge (tools/judge.py) on another; the judge writes each call's inputs into shared
+memory and reads the outputs back. What the runner reports (its clock, kernel calls, aten ops,
+output problems, settings changed) can only make a verdict stricter: the judge checks the outputs
+and the clock itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing
 
+import tools._audit_min as audit
 from tools import sandbox
-from tools.baseline_cache import store_for
-from tools.compile_cache import CompileCache, CompileFailed, CompileLedger
-from tools.correctness import (
-    Rejected,
-    TrialContext,
-    check_correctness,
-    verify_after_timing,
+from tools.aten_ops import OpRecorder, synchronize
+from tools.channel import (
+    Build,
+    Built,
+    Call,
+    Called,
+    End,
+    Failed,
+    Inputs,
+    OutputMeta,
+    Outputs,
+    Profile,
+    Profiled,
+    Share,
+    Shared,
+    SlotArg,
+    Spec,
+    map_arena,
 )
+from tools.compile_cache import CompileCache, CompileFailed, CompileLedger
+from tools.config import EvalConfig, default_pch_dir
+from tools.confine import confine_writes, drop_capabilities
 from tools.faults import CUDA_FAULT_MARKERS, OOM_MARKERS
-from tools.jobs import EvalJob, JobReply, StageFailed
+from tools.jobs import EvalJob, JobReply, Rejected, StageFailed
+from tools.kernel_share import measure_kernel_share
+from tools.output_guards import output_problem
 from tools.profiling import profile_forward
-from tools.programs import Program, import_source, source_hash
-from tools.results import CompileReport, EvalStatus, Stage, TimingReport
+from tools.programs import Program, import_source, source_hash, tensors_of
+from tools.results import CompileReport, EvalStatus, Stage
 from tools.timing import Timer
-from tools.timing_stage import Baseline, time_candidate
+
+REFUSED = "refused by the evaluator"
+"""How the audit hook's PermissionError starts (tools/audit.py): the candidate reached for the harness."""
+
+
+def refused(exc: BaseException) -> bool:
+    return isinstance(exc, PermissionError) and str(exc).startswith(REFUSED)
 
 
 def classify(exc: BaseException) -> tuple[EvalStatus, bool]:
@@ -66,50 +98,6 @@ def _rename(text: str, kind: str) -> str:
     return re.sub(rf'File "[^"]*refinery_{kind}_[0-9a-f]+\.py"', f'File "{kind}.py"', text)
 
 
-_WATCHED = {
-    "time.perf_counter": ("time", "perf_counter"),
-    "time.perf_counter_ns": ("time", "perf_counter_ns"),
-    "time.time": ("time", "time"),
-    "time.monotonic": ("time", "monotonic"),
-    "torch.cuda.synchronize": ("torch.cuda", "synchronize"),
-    "torch.cuda.Event": ("torch.cuda", "Event"),
-    "torch.cuda.Event.record": ("torch.cuda.Event", "record"),
-    "torch.cuda.Event.elapsed_time": ("torch.cuda.Event", "elapsed_time"),
-    "torch.cuda.Event.synchronize": ("torch.cuda.Event", "synchronize"),
-    "torch.cuda.current_stream": ("torch.cuda", "current_stream"),
-    "torch.Tensor.clone": ("torch.Tensor", "clone"),
-    "torch.equal": ("torch", "equal"),
-}
-
-
-def _resolve(path: str) -> Any:
-    import importlib
-
-    head, *rest = path.split(".")
-    obj: Any = importlib.import_module(head)
-    for part in rest:
-        obj = getattr(obj, part)
-    return obj
-
-
-class Integrity:
-    """Checks that candidate code left the timers and synchronisation alone, and puts them back."""
-
-    def __init__(self) -> None:
-        self.originals = {name: getattr(_resolve(owner), attr) for name, (owner, attr) in _WATCHED.items()}
-
-    def check(self) -> str:
-        changed = []
-        for name, (owner, attr) in _WATCHED.items():
-            holder = _resolve(owner) if "Event." not in name else self.originals["torch.cuda.Event"]
-            if getattr(holder, attr) is not self.originals[name]:
-                changed.append(name)
-                setattr(holder, attr, self.originals[name])
-        if changed:
-            return f"the candidate replaced {', '.join(changed)}; timers and synchronisation must not be patched"
-        return ""
-
-
 @dataclass
 class Loaded:
     program: Program
@@ -122,16 +110,28 @@ class WorkerState:
     device: torch.device
     workdir: Path
     cache: CompileCache
-    integrity: Integrity
-    loaded: dict[str, Loaded] = field(default_factory=dict)
-    baselines: dict[tuple[Any, ...], Baseline] = field(default_factory=dict)
+    pinned: dict[str, object]
+    """The settings the evaluation pins, as they were before candidate code ran."""
+    isolation: str = ""
+    config: EvalConfig | None = None
+    loaded: Loaded | None = None
+    loaded_key: str = ""
     timer: Timer | None = None
+    models: dict[int, Any] = field(default_factory=dict)
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    pending_changes: tuple[str, ...] = ()
+
+    def state_changes(self) -> tuple[str, ...]:
+        return tuple(audit.changed(self.pinned, audit.snapshot()))
 
 
 def _load(state: WorkerState, job: EvalJob) -> Loaded:
     key = source_hash(job.task_source + "\0" + job.candidate_source + "\0" + job.config.precision)
-    if key in state.loaded:
-        return state.loaded[key]
+    if state.loaded is not None:
+        if key != state.loaded_key:
+            raise StageFailed(EvalStatus.RUNTIME_ERROR, "a runner holds one candidate; this one was loaded for another", fatal=True)
+        return state.loaded
     try:
         task = import_source(job.task_source, "task", state.workdir)
     except Exception as exc:  # a broken task program is reported, whatever it raised
@@ -152,7 +152,9 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         raise
     except Exception as exc:  # candidate code may raise anything: it becomes the candidate's status
         status, fatal = classify(exc)
-        if status is EvalStatus.RUNTIME_ERROR:
+        if refused(exc):
+            status = EvalStatus.REJECTED
+        elif status is EvalStatus.RUNTIME_ERROR:
             status = EvalStatus.COMPILE_ERROR
         raise StageFailed(status, f"loading the candidate failed:\n{describe(exc)}", fatal) from exc
     report = CompileReport(
@@ -161,51 +163,15 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         cache_hits=ledger.hits - hits_before,
         cache_misses=ledger.misses - misses_before,
     )
-    loaded = Loaded(program=program, ledger=ledger, report=report)
-    state.loaded[key] = loaded
-    return loaded
-
-
-def _context(state: WorkerState, loaded: Loaded) -> TrialContext:
-    return TrialContext(kernel_calls=lambda: loaded.ledger.kernel_calls, integrity=state.integrity.check)
-
-
-def _correctness(state: WorkerState, job: EvalJob, loaded: Loaded) -> Any:
-    return check_correctness(loaded.program, job.config, _context(state, loaded))
-
-
-def _timing(state: WorkerState, job: EvalJob, loaded: Loaded) -> TimingReport:
-    cfg = job.config
-    program = loaded.program
-    if state.timer is None:
-        state.timer = Timer(state.device)
-    ref_model = program.reference(cfg.seed)
-    new_model = program.new_model(cfg.seed, reference=ref_model)
-    baseline_key = (
-        source_hash(job.task_source),
-        cfg.warmup,
-        cfg.trials,
-        cfg.time_compiled_reference,
-        cfg.seed,
-        cfg.precision,
-        cfg.allow_tf32,
-    )
-    report = time_candidate(state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key, store_for(cfg))
-    tampered = state.integrity.check()
-    if tampered:
-        raise StageFailed(EvalStatus.REJECTED, tampered)
-    after = verify_after_timing(program, cfg, _context(state, loaded), ref_model, new_model, cfg.seed + 3_000_003)
-    if not after.passed:
-        raise StageFailed(EvalStatus.INCORRECT, f"after timing, on new inputs: {after.reason} (is an output cached across calls?)")
-    if report.speedup > cfg.reverify_speedup:
-        # An implausible speedup is checked again on new seeds before it is believed.
-        again = check_correctness(
-            program, cfg, _context(state, loaded), trials=cfg.reverify_trials, first_seed=cfg.seed + 10_000, full=False
+    changes = state.state_changes()
+    if changes:
+        raise Rejected(
+            f"loading the candidate changed settings the evaluation pins: {'; '.join(changes)}; leave global settings "
+            "(threads, backend flags, precision, torch's functions, the environment) as they are"
         )
-        if not again.passed:
-            raise StageFailed(EvalStatus.INCORRECT, f"speedup {report.speedup:.1f}x failed re-verification: {again.summary()}")
-        report = report.model_copy(update={"suspicious": True, "reverified_trials": cfg.reverify_trials})
-    return report
+    loaded = Loaded(program=program, ledger=ledger, report=report)
+    state.loaded, state.loaded_key, state.config = loaded, key, job.config
+    return loaded
 
 
 def apply_tf32_policy(allow: bool) -> None:
@@ -217,63 +183,143 @@ def apply_tf32_policy(allow: bool) -> None:
 
 
 def run_job(state: WorkerState, job: EvalJob) -> JobReply:
+    """The parent's job: load (and so compile) the candidate. The device stages are the judge's."""
     seconds: dict[str, float] = {}
-    parts: dict[str, Any] = {}
     apply_tf32_policy(job.config.allow_tf32)
-    stage = Stage.COMPILE
+    if state.loaded is None:
+        state.pinned = audit.snapshot()  # the run's TF32 policy is the harness's setting, not a change
+    started = time.perf_counter()
     try:
-        started = time.perf_counter()
         loaded = _load(state, job)
         state.cache.ledger = loaded.ledger
-        if Stage.COMPILE in job.stages:
-            seconds[Stage.COMPILE.value] = time.perf_counter() - started
-            parts["compile"] = loaded.report
-        for stage in job.stages:
-            started = time.perf_counter()
-            if stage is Stage.CORRECTNESS:
-                parts["correctness"] = report = _correctness(state, job, loaded)
-                if not report.passed:
-                    raise StageFailed(EvalStatus.INCORRECT, report.summary())
-            elif stage is Stage.TIMING:
-                parts["timing"] = _timing(state, job, loaded)
-            elif stage is Stage.PROFILE:
-                inputs = loaded.program.inputs(job.config.seed + 1_000_003)
-                model = loaded.program.new_model(job.config.seed)
-                parts["profile"] = profile_forward(model, inputs, state.device, rows=job.config.profile_rows)
-            else:
-                continue
-            seconds[stage.value] = time.perf_counter() - started
     except StageFailed as exc:
+        compile_report = None
         if exc.status is EvalStatus.COMPILE_ERROR:
-            parts["compile"] = CompileReport(ok=False, log=exc.message, seconds=time.perf_counter() - started)
-            seconds.setdefault(Stage.COMPILE.value, time.perf_counter() - started)
-        return JobReply(failure=exc.status, message=exc.message, stage_seconds=seconds, fatal=exc.fatal, **parts)
+            compile_report = CompileReport(ok=False, log=exc.message, seconds=time.perf_counter() - started)
+        seconds[Stage.COMPILE.value] = time.perf_counter() - started
+        return JobReply(failure=exc.status, message=exc.message, compile=compile_report, stage_seconds=seconds, fatal=exc.fatal)
     except Rejected as exc:
-        return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, **parts)
-    except Exception as exc:  # noqa: BLE001 - candidate code may raise anything: it becomes the candidate's status
-        status, fatal = classify(exc)
-        return JobReply(failure=status, message=f"{stage.value}: {describe(exc)}", stage_seconds=seconds, fatal=fatal, **parts)
-    return JobReply(stage_seconds=seconds, **parts)
+        return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, isolation=state.isolation)
+    seconds[Stage.COMPILE.value] = time.perf_counter() - started
+    return JobReply(compile=loaded.report, stage_seconds=seconds, isolation=state.isolation)
 
 
-def _release_device_memory(reply: JobReply) -> JobReply:
-    """Give cached blocks back (other workers on the same GPU need the memory). A fault the
-    candidate left behind surfaces here at the latest: it is the job's status, not a dead worker."""
-    try:
+def _args(state: WorkerState, template: tuple[SlotArg, ...]) -> list[Any]:
+    return [state.inputs[value] if kind == "slot" else value for kind, value in template]
+
+
+def _metas(out: Any) -> tuple[OutputMeta, ...]:
+    if isinstance(out, (torch.Tensor, list, tuple, dict)):
+        tensors = tensors_of(out)
+        if tensors or not isinstance(out, torch.Tensor):
+            return tuple(OutputMeta("tensor", Spec.of(t)) for t in tensors)
+    return (OutputMeta(type(out).__name__),)
+
+
+def _call(state: WorkerState, request: Call) -> Called:
+    assert state.loaded is not None and state.config is not None
+    model = state.models[request.model]
+    args = _args(state, request.args)
+    ledger = state.loaded.ledger
+    before = ledger.kernel_calls
+    elapsed = None
+    ops: tuple[str, ...] = ()
+    with torch.no_grad():
+        if request.timed:
+            if state.timer is None:
+                state.timer = Timer(state.device)
+            out, elapsed = state.timer.time_call(model, args)
+        else:
+            with OpRecorder() if request.record_ops else contextlib.nullcontext() as recorder:
+                out = model(*args)
+            synchronize(state.device)
+            if recorder is not None:
+                ops = tuple(sorted(recorder.ops))
+    calls = ledger.kernel_calls - before
+    problem = output_problem(out, args) if state.config.guards.plain_outputs else ""
+    metas = _metas(out)
+    copied = False
+    if not problem:
+        outputs = tensors_of(out)
+        if len(outputs) == len(state.outputs) and all(
+            o.shape == slot.shape and o.dtype == slot.dtype for o, slot in zip(outputs, state.outputs, strict=True)
+        ):
+            with torch.no_grad():
+                for o, slot in zip(outputs, state.outputs, strict=True):
+                    slot.copy_(o)
+            synchronize(state.device)
+            copied = True
+    pending, state.pending_changes = state.pending_changes, ()
+    return Called(metas, copied, calls, ops, problem, pending, elapsed)
+
+
+def _serve_judge(state: WorkerState, conn: Connection) -> None:
+    """Answer the judge until it says End (or goes away)."""
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            break
+        if isinstance(request, End):
+            conn.send(Called((), False, 0, state_changes=state.pending_changes or state.state_changes()))
+            break
+        if isinstance(request, (Inputs, Outputs)):
+            tensors = map_arena(conn.recv(), conn)
+            if isinstance(request, Inputs):
+                state.inputs = tensors
+            else:
+                state.outputs = tensors
+            conn.send(True)
+            continue
+        try:
+            reply = _answer(state, request)
+        except Exception as exc:  # noqa: BLE001 - candidate code may raise anything: it becomes the candidate's status
+            status, fatal = classify(exc)
+            if isinstance(exc, CompileFailed):
+                status, fatal = EvalStatus.COMPILE_ERROR, False
+            elif refused(exc):
+                status = EvalStatus.REJECTED
+            conn.send(Failed(status.value, f"{describe(exc)}", fatal, state.pending_changes))
+            if fatal:
+                os._exit(1)
+            continue
+        conn.send(reply)
+        if isinstance(request, Call):
+            # After the reply, outside the judge's clock: reported with the next one.
+            state.pending_changes = state.state_changes()
+    state.models.clear()
+    state.inputs, state.outputs = [], []
+    if state.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    except Exception as exc:  # noqa: BLE001 - whatever the runtime raises after a fault is the candidate's doing
-        status, _ = classify(exc)
-        if status is EvalStatus.CUDA_FAULT and not reply.fatal:
-            return reply.model_copy(update={"failure": status, "message": f"after the job: {describe(exc)}", "fatal": True})
-        if not reply.fatal:
-            return reply.model_copy(update={"fatal": True})
-    return reply
 
 
-def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> None:
+def _answer(state: WorkerState, request: object) -> object:
+    assert state.loaded is not None
+    program = state.loaded.program
+    if isinstance(request, Build):
+        model = program.new_model(request.seed, reference=program.reference(request.seed))
+        state.models[len(state.models)] = model
+        return Built(len(state.models) - 1, state.state_changes())
+    if isinstance(request, Call):
+        return _call(state, request)
+    if isinstance(request, Profile):
+        return Profiled(profile_forward(state.models[request.model], _args(state, request.args), state.device, rows=request.rows))
+    if isinstance(request, Share):
+        sets = [_args(state, group) for group in request.arg_sets]
+        return Shared(
+            measure_kernel_share(state.models[request.model], sets, state.device, request.non_compute, set(request.reference_ops))
+        )
+    raise ValueError(f"unknown request {type(request).__name__}")
+
+
+def serve(conn: Connection, judge: Connection, state: WorkerState, cpu_seconds_per_job: float) -> None:
     conn.send("ready")
     while True:
+        ready = wait([conn, judge])
+        if judge in ready:
+            _serve_judge(state, judge)
+            continue
         try:
             job = conn.recv()
         except EOFError:
@@ -286,8 +332,6 @@ def serve(conn: Connection, state: WorkerState, cpu_seconds_per_job: float) -> N
             os.lseek(fd, 0, os.SEEK_SET)
         sandbox.limit_cpu_seconds(cpu_seconds_per_job)
         reply = run_job(state, job)
-        if state.device.type == "cuda":
-            reply = _release_device_memory(reply)
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send(reply)
@@ -314,9 +358,22 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)  # the parent died before the signal was armed
 
 
+def isolate(workdir: Path, cache_dir: Path) -> str:
+    """Before any candidate code: writes confined, capabilities dropped, settings pinned, audit hook armed."""
+    writable = [workdir, cache_dir / "extensions", cache_dir / "triton", cache_dir / "inductor", default_pch_dir(), Path("/dev/shm")]
+    for folder in writable[1:4]:
+        folder.mkdir(parents=True, exist_ok=True)
+    confined = confine_writes(writable)
+    capabilities = drop_capabilities()
+    audit.install_hook(writable_dirs=tuple(str(p) for p in writable))
+    audit.arm()
+    return f"writes: {confined}; capabilities: {capabilities}; audit hook armed"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--judge-fd", type=int, required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--memory-bytes", type=int, default=0)
@@ -331,6 +388,7 @@ def main() -> None:
         # Before any thread exists: OpenMP and compiler processes inherit it.
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
     conn = Connection(args.fd)
+    judge = Connection(args.judge_fd)
     device = torch.device(args.device)
     sandbox.apply_limits(args.memory_bytes or None, file_bytes=4 << 30)
     if args.threads:
@@ -343,8 +401,11 @@ def main() -> None:
     cache.install()
     if device.type == "cuda":
         cache.install_triton_counter()
-    state = WorkerState(device=device, workdir=Path.cwd(), cache=cache, integrity=Integrity())
-    serve(conn, state, args.cpu_seconds_per_job)
+    workdir = Path.cwd()
+    pinned = audit.snapshot()
+    isolation = isolate(workdir, Path(args.cache_dir))
+    state = WorkerState(device=device, workdir=workdir, cache=cache, pinned=pinned, isolation=isolation)
+    serve(conn, judge, state, args.cpu_seconds_per_job)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,358 @@
+"""Nothing a verdict depends on is within the candidate's reach: hacks of every class that reached
+into the timer, the seeds, the checks or global state from inside the candidate's process, each
+run as a real candidate through the evaluator (runner and judge in their own processes).
+
+Each test names the defence that fired, then checks that a later honest candidate in the same
+evaluator gets the same reference timing as before the hack, and that the baseline cache on disk
+is byte for byte what it was. The static check is skipped (stages from COMPILE on) unless a test
+says otherwise: these are the run-time defences, which must hold without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import textwrap
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+import torch
+from candidates import candidate
+
+from tools.config import EvalConfig, Guards
+from tools.evaluator import Evaluator
+from tools.jobs import EvalJob, TaskProgram
+from tools.results import EvalResult, EvalStatus, Stage, TimingStats
+
+RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
+REPS = 60
+HONEST = candidate(f"return ext.relu_slow(x, {REPS})")
+
+
+@pytest.fixture(scope="module")
+def config(cpu_config: EvalConfig) -> EvalConfig:
+    # Two torch threads, so that a candidate setting one is a change; the baseline cache on.
+    return cpu_config.model_copy(update={"trials": 15, "warmup": 2, "cpu_threads": 2, "baseline_cache": True, "reverify_speedup": 1e9})
+
+
+@pytest.fixture(scope="module")
+def evaluator(config: EvalConfig) -> Iterator[Evaluator]:
+    with Evaluator(config) as ev:
+        yield ev
+
+
+def baselines_digest(config: EvalConfig) -> str:
+    digest = hashlib.sha256()
+    for path in sorted((config.cache_dir / "baselines").glob("*.json")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def honest(evaluator: Evaluator, relu_task: TaskProgram) -> EvalResult:
+    result = evaluator.run(relu_task, HONEST, RUNTIME)
+    assert result.status is EvalStatus.CORRECT, result.message
+    return result
+
+
+def reference_of(result: EvalResult) -> TimingStats:
+    assert result.timing is not None, result.message
+    return result.timing.reference
+
+
+def judged(evaluator: Evaluator, task: TaskProgram, source: str, honest: EvalResult, stages: tuple[Stage, ...] = RUNTIME) -> EvalResult:
+    """The hack's result, after checking that it left the reference and the baseline cache alone."""
+    before = baselines_digest(evaluator.config)
+    result = evaluator.run(task, source, stages)
+    later = evaluator.run(task, HONEST, RUNTIME) if task.name == "relu" else None
+    if later is not None:
+        assert later.status is EvalStatus.CORRECT, later.message
+        assert reference_of(later) == reference_of(honest), "a later honest candidate meets the same reference timing"
+    assert baselines_digest(evaluator.config) == before, "the baseline cache is unchanged"
+    return result
+
+
+def test_thread_count_changed_in_init_is_rejected_by_name(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+    """The old hack: one thread for everyone (the reference too) from __init__, all threads back
+    for its own kernel. The reference is timed in the judge, where it changes nothing; the
+    runner's pinned settings name it."""
+    hack = candidate(
+        f"torch.set_num_threads(self.n)\ny = ext.relu_slow(x, {REPS})\ntorch.set_num_threads(1)\nreturn y",
+        init="self.n = torch.get_num_threads()\ntorch.set_num_threads(1)",
+    )
+    result = judged(evaluator, relu_task, hack, honest)
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "in ModelNew's constructor" in result.message and "get_num_threads" in result.message
+
+
+def test_backend_flag_changed_in_init_is_rejected_by_name(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+    """CPU's counterpart of switching cuDNN off for the reference: oneDNN (mkldnn) off."""
+    hack = candidate(f"return ext.relu_slow(x, {REPS})", init="torch.backends.mkldnn.enabled = False")
+    result = judged(evaluator, relu_task, hack, honest)
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "mkldnn" in result.message
+
+
+def test_torch_function_replaced_through_sys_modules_is_rejected_by_name(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult
+) -> None:
+    """torch.relu slowed down through sys.modules at import: the reference never runs in this
+    process, and the pinned identities of torch's functions name the change."""
+    prelude = """
+    import sys as _s
+    _torch = _s.modules["torch"]
+    _relu = _torch.relu
+    def _slow_relu(x):
+        for _ in range(20):
+            x.clone()
+        return _relu(x)
+    _torch.relu = _slow_relu
+    """
+    result = judged(evaluator, relu_task, candidate(f"return ext.relu_slow(x, {REPS})", prelude=textwrap.dedent(prelude)), honest)
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "torch.relu" in result.message
+
+
+def test_the_runners_timer_patched_is_caught_by_the_judges_clock(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+    """The project's own timer in the candidate's process, wrapped to report a quarter of each
+    call (a class attribute: no pinned identity covers it). The judge's clock, around each call
+    from handing over the inputs to the outputs being ready, refuses the reported times."""
+    prelude = """
+    import sys as _s
+    _Timer = _s.modules["tools.timing"].Timer
+    _original = _Timer.time_call
+    def _quarter(self, fn, args):
+        out, ms = _original(self, fn, args)
+        return out, ms / 4
+    _Timer.time_call = _quarter
+    """
+    result = judged(evaluator, relu_task, candidate(f"return ext.relu_slow(x, {2 * REPS})", prelude=textwrap.dedent(prelude)), honest)
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "the judge's clock saw" in result.message and "the reported times are not the calls'" in result.message
+
+
+def test_reading_the_harness_frames_is_refused(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+    """The timing loop's locals once told which timed calls would be checked. Those are now chosen
+    in the judge after the timing, so the runner's frames hold nothing; reading them is refused."""
+    hack = candidate(
+        f"import sys as _s\nseen = dict(_s._getframe(1).f_locals)\nreturn ext.relu_slow(x, {REPS})",
+    )
+    result = judged(evaluator, relu_task, hack, honest)
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert "refused by the evaluator" in result.message and "_getframe" in result.message
+
+
+def test_the_judges_modules_are_not_in_the_candidates_process(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    """Nothing to hook: the check, the choice of checked calls, the seeds and the statistics live
+    in modules the runner never imports (the candidate lists what it can see, then fails on purpose)."""
+    spy = candidate(
+        "raise RuntimeError('harness: ' + ','.join(sorted(m for m in _s.modules if m.startswith('tools.'))))",
+        prelude="import sys as _s\n",
+    )
+    result = evaluator.run(relu_task, spy, (Stage.COMPILE, Stage.CORRECTNESS))
+    assert result.status is EvalStatus.RUNTIME_ERROR
+    seen = result.message.split("harness: ", 1)[1].split()[0].split(",")
+    assert "tools.channel" in seen and "tools.timing" in seen
+    for judge_only in ("tools.judge", "tools.timing_stage", "tools.baseline_cache", "tools.remote", "tools.correctness"):
+        assert judge_only not in seen, seen
+
+
+def test_a_hook_on_the_check_finds_no_check_and_its_deferred_work_fails(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult
+) -> None:
+    """The old hack wrapped the harness's check object to do the real work after the end event and
+    before the check read the output. There is no check object here; an output left to be filled
+    in later is read the moment the call ends, and is wrong."""
+    hack = candidate(
+        """
+        _stage = _s.modules.get("tools.timing_stage")
+        if _stage is not None:
+            raise RuntimeError("the check object is within reach")
+        self.calls += 1
+        if self.calls <= 2:
+            return ext.relu_fwd(x)
+        ext.touch(x)
+        return torch.empty_like(x)
+        """,
+        init="self.calls = 0",
+        prelude="import sys as _s\n",
+    )
+    result = judged(evaluator, relu_task, hack, honest)
+    assert result.status is EvalStatus.INCORRECT, result.message
+    assert "returned a wrong output for its own inputs" in result.message and "read the moment the call ended" in result.message
+
+
+def test_inputs_predicted_from_the_global_seed_never_hit(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+    """The candidate works out the next calls' inputs from torch.initial_seed() as the old seed
+    scheme would, computes their outputs during the warm-up and looks them up. The inputs now come
+    from the judge, from the OS's entropy: no lookup hits, and it is timed as the slow kernel it is."""
+    hack = candidate(
+        f"""
+        if not self.table:
+            base = torch.initial_seed()
+            for call in range(64):
+                torch.manual_seed(base + 50_000_017 + 7919 * call)
+                guess = torch.randn(256, 1024)
+                self.table[float(guess[0, 0])] = ext.relu_fwd(guess)
+        hit = self.table.get(float(x[0, 0]))
+        if hit is not None:
+            self.hits += 1
+            ext.touch(x)
+            return hit.clone()
+        return ext.relu_slow(x, {REPS})
+        """,
+        init="self.table = {}\nself.hits = 0",
+    )
+    result = judged(evaluator, relu_task, hack, honest)
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert result.timing is not None and honest.timing is not None
+    assert result.timing.input_source == "mixed"
+    assert result.timing.speedup < 2 * honest.timing.speedup, "no lookup hit: timed as the slow kernel"
+    static = evaluator.evaluate(relu_task, hack)
+    assert static.status is EvalStatus.REJECTED and "initial_seed" in static.message, "the static check names it first"
+
+
+LINEAR_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(256, 256) / 16)
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def get_inputs():
+    return [torch.randn(1024, 256)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+MATMUL = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(
+    name="refinery_test_matmul",
+    cpp_sources=r"""
+#include <torch/extension.h>
+torch::Tensor mm(torch::Tensor a, torch::Tensor b) {
+    auto ac = a.contiguous(), bc = b.contiguous();
+    const int64_t n = ac.size(0), k = ac.size(1), m = bc.size(1);
+    auto c = torch::zeros({n, m}, ac.options());
+    const float* pa = ac.data_ptr<float>();
+    const float* pb = bc.data_ptr<float>();
+    float* pc = c.data_ptr<float>();
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t p = 0; p < k; ++p)
+            for (int64_t j = 0; j < m; ++j) pc[i * m + j] += pa[i * k + p] * pb[p * m + j];
+    return c;
+}
+void touch(torch::Tensor x) {}
+""",
+    functions=["mm", "touch"],
+    extra_cflags=["-O2", "-fopenmp"],
+    extra_ldflags=["-fopenmp"],
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(256, 256) / 16)
+        self.seen, self.outs = [], []
+
+    def forward(self, x):
+        flat = x.reshape(-1)
+        if len(self.seen) >= 4:
+            # A span memo: x as a combination of inputs seen before, its output the same combination.
+            basis = torch.stack(self.seen)
+            coef = torch.linalg.lstsq(basis[:, :512].T, flat[:512].unsqueeze(1)).solution
+            if torch.allclose((basis[:, 512:1024].T @ coef).squeeze(1), flat[512:1024], atol=1e-5, rtol=1e-4):
+                ext.touch(x)
+                return (torch.stack(self.outs).reshape(len(self.outs), -1).T @ coef).reshape(x.shape[0], -1)
+        y = ext.mm(x, self.weight)
+        if len(self.seen) < 6:
+            self.seen.append(flat.clone())
+            self.outs.append(y.clone())
+        return y
+'''
+
+
+def test_a_span_memo_for_a_linear_operator_gains_nothing_from_drawn_inputs(evaluator: Evaluator) -> None:
+    """A linear operator answered as a combination of stored outputs: on CPU, inputs used to be
+    mixes of 4 drawn sets, a 4-dimensional span. Forced to mix, the memo wins; by default the
+    judge sees the operator's FLOPs per input element and draws every call afresh, and it does not."""
+    task = TaskProgram(name="linear", source=LINEAR_TASK)
+    quiet = evaluator.config.guards.model_copy(update={"min_kernel_share": 0.0})
+    mixing = Evaluator(
+        evaluator.config.model_copy(update={"guards": quiet.model_copy(update={"fresh_input_source": "mix"})}), judge=evaluator.judge
+    )
+    with mixing:
+        fooled = mixing.run(task, MATMUL, RUNTIME)
+    drawing = Evaluator(evaluator.config.model_copy(update={"guards": quiet}), judge=evaluator.judge)
+    with drawing:
+        result = drawing.run(task, MATMUL, RUNTIME)
+        honest = drawing.run(task, MATMUL.replace("if len(self.seen) >= 4:", "if False:"), RUNTIME)
+    assert fooled.status is EvalStatus.CORRECT and fooled.timing is not None, fooled.message
+    assert result.status is EvalStatus.CORRECT and result.timing is not None, result.message
+    assert honest.status is EvalStatus.CORRECT and honest.timing is not None, honest.message
+    assert fooled.timing.input_source == "mixed" and result.timing.input_source == "drawn"
+    assert fooled.timing.speedup > 3 * honest.timing.speedup, "the hole the drawn inputs close is real"
+    assert result.timing.speedup < 2 * honest.timing.speedup, "on drawn inputs the memo never answers"
+
+
+def test_a_kernel_first_timed_below_the_floor_is_scored_from_its_retiming(
+    evaluator: Evaluator, relu_task: TaskProgram, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The judge in this process (so that its first timing can be made to fall below the floor),
+    a real runner: the re-timing, with every output checked, is above the floor, and the
+    candidate's figures are the re-timing's, not the first's."""
+    from tools import judge, timing_stage
+    from tools.remote import RunnerLink
+
+    real = timing_stage.time_remote
+    runs: list[timing_stage.RemoteTiming] = []
+
+    def first_below(*args: object, **kwargs: object) -> timing_stage.RemoteTiming:
+        run = real(*args, **kwargs)  # type: ignore[arg-type]  # passed through as the judge called it
+        if not runs:
+            run.samples_ms = [ms * 1e-6 for ms in run.samples_ms]
+            run.walls_ms = [ms * 1e-6 for ms in run.walls_ms]
+        runs.append(run)
+        return run
+
+    monkeypatch.setattr(timing_stage, "time_remote", first_below)
+    loaded = evaluator.run(relu_task, HONEST, (Stage.COMPILE,))
+    assert loaded.status is None, loaded.message
+    worker = evaluator.worker
+    assert worker.judge_end is not None
+    cfg = evaluator.config
+    job = EvalJob(task_name="relu", task_source=relu_task.source, candidate_source=HONEST, stages=(Stage.TIMING,), config=cfg)
+    state = judge.JudgeState(device=torch.device("cpu"), workdir=tmp_path)
+    reply = judge.run_job(state, job, RunnerLink(Connection(os.dup(worker.judge_end.fileno())), torch.device("cpu")))
+    assert reply.failure is None, reply.message
+    timing = reply.timing
+    assert timing is not None and timing.floor_retimed
+    assert len(runs) == 2
+    assert timing.candidate.trials == min(cfg.trials, 20) == len(runs[1].samples_ms)
+    assert timing.candidate.median == pytest.approx(sorted(runs[1].samples_ms)[len(runs[1].samples_ms) // 2])
+    assert timing.floor_ms is not None and timing.candidate.median >= timing.floor_ms
+    assert set(timing.checked_calls) == set(range(timing.candidate.trials)), "every output of the re-timing was checked"
+
+
+def test_guards_record_what_confines_the_candidate(honest: EvalResult) -> None:
+    assert honest.isolation is not None and "audit hook armed" in honest.isolation
+    if Guards().fresh_inputs:
+        assert honest.timing is not None and honest.timing.judge_wall_ms is not None
+        assert honest.timing.judge_wall_ms >= honest.timing.candidate.median

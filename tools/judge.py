@@ -1,0 +1,186 @@
+"""The judge: the trusted process that decides a verdict. It never loads candidate code.
+
+Started by `tools.worker.Judge` as `python -m tools.judge`, one per device, long-lived (its CUDA
+context and the baselines it measured stay warm). For each job it gets a socket to the
+candidate's process (the runner, tools/worker_main.py) and does every step that a verdict
+depends on, here:
+- it loads the task, builds the reference, draws every input from the OS's entropy (seeds the
+  runner never sees) and writes them into shared memory only when a call starts;
+- it times the reference, and only it reads and writes the baseline cache;
+- it compares the candidate's outputs, read back from shared memory, with the reference's;
+- it chooses, after a timing, which timed calls to check, and samples their outputs the moment
+  each call ended;
+- it checks the runner's reported times against its own clock and computes the statistics.
+The runner only builds models, runs calls and reports what it saw, which can only make a
+verdict stricter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tools.baseline_cache import store_for
+from tools.config import EvalConfig
+from tools.confine import not_dumpable
+from tools.correctness import check_correctness, verify_after_timing
+from tools.jobs import EvalJob, JobReply, Rejected, StageFailed
+from tools.programs import Program, import_source, source_hash
+from tools.remote import RunnerGone, RunnerLink
+from tools.results import EvalStatus, Stage, TimingReport
+from tools.timing import Timer
+from tools.timing_stage import Baseline, Calibration, calibrate, time_candidate
+from tools.worker_main import apply_tf32_policy, describe, die_with_parent
+
+RUNNER_GONE = "the candidate's process ended while the judge was waiting for it"
+
+
+@dataclass
+class JudgeState:
+    device: torch.device
+    workdir: Path
+    tasks: dict[str, ModuleType] = field(default_factory=dict)
+    baselines: dict[tuple[Any, ...], Baseline] = field(default_factory=dict)
+    timer: Timer | None = None
+    calibration: Calibration | None = None
+
+    def task(self, job: EvalJob) -> ModuleType:
+        key = source_hash(job.task_source)
+        if key not in self.tasks:
+            try:
+                self.tasks[key] = import_source(job.task_source, "task", self.workdir)
+            except Exception as exc:  # a broken task program is reported, whatever it raised
+                raise StageFailed(EvalStatus.RUNTIME_ERROR, f"the task program {job.task_name} failed to load:\n{describe(exc)}") from exc
+        return self.tasks[key]
+
+
+def _salt() -> int:
+    return random.SystemRandom().getrandbits(40)
+
+
+def _timing(state: JudgeState, job: EvalJob, program: Program, first_seed: int) -> TimingReport:
+    cfg = job.config
+    if state.timer is None:
+        state.timer = Timer(state.device)
+    if state.calibration is None:
+        state.calibration = calibrate(state.timer)
+    ref_model = program.reference(cfg.seed)
+    new_model = program.new_model(cfg.seed)
+    baseline_key = (
+        source_hash(job.task_source),
+        cfg.warmup,
+        cfg.trials,
+        cfg.time_compiled_reference,
+        cfg.seed,
+        cfg.precision,
+        cfg.allow_tf32,
+    )
+    report = time_candidate(
+        state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key, state.calibration, store_for(cfg)
+    )
+    after = verify_after_timing(program, cfg, ref_model, new_model, cfg.seed + 3_000_003)
+    if not after.passed:
+        raise StageFailed(EvalStatus.INCORRECT, f"after timing, on new inputs: {after.reason} (is an output cached across calls?)")
+    if report.speedup > cfg.reverify_speedup:
+        # An implausible speedup is checked again on new seeds before it is believed.
+        again = check_correctness(program, cfg, trials=cfg.reverify_trials, first_seed=first_seed + 10_000, full=False)
+        if not again.passed:
+            raise StageFailed(EvalStatus.INCORRECT, f"speedup {report.speedup:.1f}x failed re-verification: {again.summary()}")
+        report = report.model_copy(update={"suspicious": True, "reverified_trials": cfg.reverify_trials})
+    return report
+
+
+def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
+    """The device stages of one candidate: correctness, timing, profile, in that order."""
+    cfg: EvalConfig = job.config
+    seconds: dict[str, float] = {}
+    parts: dict[str, Any] = {}
+    apply_tf32_policy(cfg.allow_tf32)
+    stage = Stage.CORRECTNESS
+    first_seed = cfg.seed + _salt()
+    try:
+        program = Program(state.task(job), None, state.device, dtype=getattr(torch, cfg.dtype_name), build=link.build, input_salt=_salt())
+        for stage in job.stages:
+            started = time.perf_counter()
+            if stage is Stage.CORRECTNESS:
+                parts["correctness"] = report = check_correctness(program, cfg, first_seed=first_seed)
+                if not report.passed:
+                    raise StageFailed(EvalStatus.INCORRECT, report.summary())
+            elif stage is Stage.TIMING:
+                parts["timing"] = _timing(state, job, program, first_seed)
+            elif stage is Stage.PROFILE:
+                model = program.new_model(cfg.seed)
+                parts["profile"] = model.profile(program.inputs(cfg.seed + 1_000_003), cfg.profile_rows)
+            else:
+                continue
+            seconds[stage.value] = time.perf_counter() - started
+        changes = link.end()
+        if changes:
+            raise Rejected(f"after the calls, the candidate had changed settings the evaluation pins: {'; '.join(changes)}")
+    except RunnerGone:
+        return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=RUNNER_GONE, stage_seconds=seconds, runner_gone=True, **parts)
+    except StageFailed as exc:
+        return JobReply(failure=exc.status, message=exc.message, stage_seconds=seconds, fatal=exc.fatal, **parts)
+    except Rejected as exc:
+        return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, **parts)
+    except Exception as exc:  # noqa: BLE001 - the task's reference code may raise anything
+        return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"{stage.value}: {describe(exc)}", stage_seconds=seconds, **parts)
+    finally:
+        link.end()
+        link.conn.close()
+        if state.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return JobReply(stage_seconds=seconds, **parts)
+
+
+def serve(conn: Connection, state: JudgeState) -> None:
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        fd = recv_handle(conn)
+        link = RunnerLink(Connection(fd), state.device)
+        conn.send(run_job(state, job, link))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--cores", default="", help="comma-separated CPU cores to run on")
+    parser.add_argument("--parent-pid", type=int, default=0, help="end when this process ends")
+    args = parser.parse_args()
+    # No process of the same user (a candidate's) may attach to this one or read its memory.
+    not_dumpable()
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
+    if args.cores:
+        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = False
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    serve(Connection(args.fd), JudgeState(device=device, workdir=Path.cwd()))
+
+
+if __name__ == "__main__":
+    main()
