@@ -22,9 +22,11 @@ Guards, each with a test:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
+import structlog
 import torch
 
 from tools.aten_ops import NON_COMPUTE, OpRecorder, synchronize
@@ -40,6 +42,8 @@ from tools.results import (
     Mismatch,
     TrialOutcome,
 )
+
+log = structlog.get_logger()
 
 DISTRIBUTION_NAMES = {"normal": "a signed standard normal", "normal_x4": "a signed standard normal times 4"}
 
@@ -313,6 +317,7 @@ def check_correctness(
 
     `full` adds the extra input distributions and the kernel share (the re-verification of a
     large speedup runs the plain trials only)."""
+    started = time.perf_counter()
     n = trials or cfg.correctness_trials
     base = cfg.seed if first_seed is None else first_seed
     tol = cfg.precision_tolerance
@@ -354,12 +359,16 @@ def check_correctness(
             return failed(outcome, trial)
     distributions: tuple[DistributionOutcome, ...] = ()
     share = None
+    phases = {"trials": time.perf_counter() - started}
     if full:
         distributions, bad = check_distributions(program, cfg, base)
+        phases["distributions"] = time.perf_counter() - started - sum(phases.values())
         if bad is not None:
             return failed(bad, None, distributions)
         if cfg.guards.min_kernel_share > 0:
             share = kernel_share(program, cfg, reference_ops)
+            phases["kernel_share"] = time.perf_counter() - started - sum(phases.values())
+    log.info("correctness_phases", **{k: round(v, 3) for k, v in phases.items()})
     return CorrectnessReport(
         passed=True,
         trials=n,

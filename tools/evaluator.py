@@ -68,6 +68,8 @@ class Evaluator:
         stages through the judge; the first failure is the reply."""
         self.worker.for_candidate(source_hash(task.source + "\0" + candidate + "\0" + self.config.precision))
         job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=(Stage.COMPILE,), config=self.config)
+        if any(s is not Stage.COMPILE for s in stages):
+            self.judge.warm()
         load: JobReply | None = None
         if Stage.COMPILE in stages or not self.worker.alive:
             load, printed = self.worker.run(job, self.config.compile_timeout_s)

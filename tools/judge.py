@@ -18,6 +18,7 @@ verdict stricter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import structlog
 import torch
 
 from tools.baseline_cache import store_for
@@ -42,6 +44,8 @@ from tools.results import EvalStatus, Stage, TimingReport
 from tools.timing import Timer
 from tools.timing_stage import Baseline, Calibration, calibrate, time_candidate
 from tools.worker_main import apply_tf32_policy, describe, die_with_parent
+
+log = structlog.get_logger()
 
 RUNNER_GONE = "the candidate's process ended while the judge was waiting for it"
 
@@ -137,8 +141,10 @@ def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
     except Exception as exc:  # noqa: BLE001 - the task's reference code may raise anything
         return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"{stage.value}: {describe(exc)}", stage_seconds=seconds, **parts)
     finally:
-        link.end()
+        with contextlib.suppress(Exception):
+            link.end()
         link.conn.close()
+        log.info("judged", task=job.task_name, stages=seconds, runner={k: round(v, 3) for k, v in link.seconds.items()})
         if state.device.type == "cuda":
             torch.cuda.empty_cache()
     return JobReply(stage_seconds=seconds, **parts)

@@ -60,14 +60,18 @@ class RunnerLink:
     models: int = 0
     exchanges: int = 0
     closed: bool = False
-    _pending_state: tuple[str, ...] = field(default=())
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Time spent waiting on the runner, by request type (where a job's time goes)."""
 
     def request(self, message: object) -> Any:
+        started = time.perf_counter()
         try:
             self.conn.send(message)
             reply = self.conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
             raise RunnerGone(str(exc)) from None
+        kind = type(message).__name__
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - started
         self.exchanges += 1
         if isinstance(reply, Failed):
             if reply.state_changes:

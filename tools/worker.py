@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from pathlib import Path
@@ -51,6 +51,18 @@ def _spawner() -> ThreadPoolExecutor:
         if _SPAWNER is None:
             _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
         return _SPAWNER
+
+
+_STARTER: ThreadPoolExecutor | None = None
+_STARTER_LOCK = threading.Lock()
+
+
+def _starter() -> ThreadPoolExecutor:
+    """Threads that wait for judges to start (the process itself comes from the spawner thread)."""
+    global _STARTER
+    if _STARTER is None:
+        _STARTER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="judge-starter")
+    return _STARTER
 
 
 class WorkerStartError(RuntimeError):
@@ -341,13 +353,27 @@ class Judge:
         self.log_path: Path | None = None
         self.starts = 0
         self.lock = threading.Lock()
+        self._starting: Future[None] | None = None
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def warm(self) -> None:
+        """Start the process in the background (importing torch takes seconds), so that it is
+        ready when the candidate's runner has loaded and compiled the candidate."""
+        with _STARTER_LOCK:
+            if self._starting is None and not self.alive:
+                self._starting = _starter().submit(self.start)
+
+    def _ready(self) -> None:
+        with _STARTER_LOCK:
+            starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.result()
+
     def start(self) -> None:
-        self.close()
+        self._stop()
         self.workdir = Path(tempfile.mkdtemp(prefix="refinery-judge-"))
         self.log_path = self.workdir / "judge.log"
         parent_sock, child_sock = socket.socketpair()
@@ -398,12 +424,13 @@ class Judge:
         self.starts += 1
         if not self.conn.poll(_STARTUP_TIMEOUT_S) or _recv_or_none(self.conn) != "ready":
             detail = self.log_tail()
-            self.close()
+            self._stop()
             raise WorkerStartError(f"the judge process did not start; its output:\n{detail}")
         log.info("judge_started", pid=self.proc.pid, device=self.device)
 
     def submit(self, job: EvalJob, runner_end: socket.socket) -> Connection:
         """Send a job and the runner's socket; the reply comes on the returned connection."""
+        self._ready()
         if not self.alive:
             self.start()
         assert self.conn is not None and self.proc is not None
@@ -422,9 +449,14 @@ class Judge:
 
     def kill(self, reason: str) -> None:
         log.warning("judge_replaced", reason=reason, pid=self.proc.pid if self.proc else None)
-        self.close()
+        self._stop()
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ready()
+        self._stop()
+
+    def _stop(self) -> None:
         if self.proc is not None:
             sandbox.kill_tree(self.proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
