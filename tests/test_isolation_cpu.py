@@ -84,7 +84,7 @@ def test_thread_count_changed_in_init_is_rejected_by_name(evaluator: Evaluator, 
     )
     result = judged(evaluator, relu_task, hack, honest)
     assert result.status is EvalStatus.REJECTED, result.message
-    assert "in ModelNew's constructor" in result.message and "get_num_threads" in result.message
+    assert "changed settings the evaluation pins" in result.message and "get_num_threads(): 2 -> 1" in result.message
 
 
 def test_backend_flag_changed_in_init_is_rejected_by_name(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
@@ -92,7 +92,7 @@ def test_backend_flag_changed_in_init_is_rejected_by_name(evaluator: Evaluator, 
     hack = candidate(f"return ext.relu_slow(x, {REPS})", init="torch.backends.mkldnn.enabled = False")
     result = judged(evaluator, relu_task, hack, honest)
     assert result.status is EvalStatus.REJECTED, result.message
-    assert "mkldnn" in result.message
+    assert "changed settings the evaluation pins" in result.message and "mkldnn" in result.message
 
 
 def test_torch_function_replaced_through_sys_modules_is_rejected_by_name(

@@ -7,6 +7,7 @@ import pytest
 from candidates import FIXTURES, candidate, cuda_candidate
 
 from tools import kernelguard_layer
+from tools.config import EvalConfig
 from tools.kernelguard_layer import kernelguard_findings
 
 pytest.importorskip("kernelguard")
@@ -46,3 +47,19 @@ def test_a_source_it_cannot_judge_in_time_fails_closed() -> None:
 def test_none_when_kernelguard_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernelguard_layer, "find_spec", lambda name: None)
     assert kernelguard_findings(candidate(CORRECT)) is None
+
+
+def test_the_evaluator_records_kernelguard_findings_when_asked(cpu_config: EvalConfig) -> None:
+    """Guards.kernelguard on: the static step runs it, records its findings and rejects by them;
+    off (the default): it does not run, and the result says so (None)."""
+    from tools.evaluator import Evaluator
+
+    asked = cpu_config.model_copy(update={"guards": cpu_config.guards.model_copy(update={"kernelguard": True})})
+    with Evaluator(asked) as ev:
+        report = ev.static(hacks.pointer_memo(candidate))
+        honest = ev.static(candidate(CORRECT))
+    assert report.kernelguard is not None and report.kernelguard[0].startswith("kernelguard POINTER_REPLAY")
+    assert not report.ok and report.kernelguard[0] in report.rejections
+    assert honest.ok and honest.kernelguard == ()
+    with Evaluator(cpu_config) as ev:
+        assert ev.static(hacks.pointer_memo(candidate)).kernelguard is None

@@ -179,12 +179,18 @@ class Share:
 
 @dataclass(frozen=True)
 class Inputs:
-    """A new input arena follows (its handle, then on CPU its descriptor)."""
+    """Switch the input arena to number `arena`; when `new`, its handle follows (then, on CPU, its descriptor)."""
+
+    arena: int
+    new: bool
 
 
 @dataclass(frozen=True)
 class Outputs:
-    """A new output arena follows."""
+    """The same for the output arena."""
+
+    arena: int
+    new: bool
 
 
 @dataclass(frozen=True)

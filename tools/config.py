@@ -75,6 +75,10 @@ class Guards(BaseModel):
     """A time below writing the outputs at the device's peak bandwidth is re-checked, then rejected."""
     min_kernel_share: float = Field(0.10, ge=0.0, le=1.0)
     """Least fraction of the forward's compute time spent in the candidate's own kernels."""
+    kernelguard: bool = False
+    """Also run kernelguard's rules (the `kernelguard` extra, tools/kernelguard_layer.py) in the static
+    step; its findings are recorded in the result and reject the candidate. Off by default: it adds
+    two catches on the tests' hacks (bench/results/kernelguard_eval.json) but goes by names."""
 
 
 class EvalConfig(BaseModel):

@@ -53,7 +53,7 @@ class Evaluator:
         self.close()
 
     def close(self) -> None:
-        self.worker.close()
+        self.worker.shutdown()
         if self.owns_judge:
             self.judge.close()
 
@@ -68,8 +68,7 @@ class Evaluator:
         stages through the judge; the first failure is the reply."""
         self.worker.for_candidate(source_hash(task.source + "\0" + candidate + "\0" + self.config.precision))
         job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=(Stage.COMPILE,), config=self.config)
-        if any(s is not Stage.COMPILE for s in stages):
-            self.judge.warm()
+        self.judge.warm()  # its start overlaps the runner's and the compile
         load: JobReply | None = None
         if Stage.COMPILE in stages or not self.worker.alive:
             load, printed = self.worker.run(job, self.config.compile_timeout_s)
@@ -100,7 +99,15 @@ class Evaluator:
         return reply, printed
 
     def static(self, candidate: str) -> StaticReport:
-        return check_candidate(candidate, backend=self.config.kernel_backend)
+        report = check_candidate(candidate, backend=self.config.kernel_backend)
+        if not self.config.guards.kernelguard:
+            return report
+        from tools.kernelguard_layer import kernelguard_findings
+
+        findings = kernelguard_findings(candidate)
+        if findings is None:
+            findings = ("kernelguard was asked for (guards.kernelguard) but is not installed: pip install 'kernel-refinery[kernelguard]'",)
+        return report.model_copy(update={"kernelguard": findings, "rejections": (*report.rejections, *findings)})
 
     def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
         """Hardware counters of the candidate's kernels under Nsight Compute (variant N)."""

@@ -62,6 +62,8 @@ class RunnerLink:
     closed: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
     """Time spent waiting on the runner, by request type (where a job's time goes)."""
+    arenas: dict[str, list[Arena]] = field(default_factory=dict)
+    """Every arena of this job by its role, numbered as the runner knows them."""
 
     def request(self, message: object) -> Any:
         started = time.perf_counter()
@@ -113,14 +115,19 @@ class RunnerLink:
         return self.outputs
 
     def _replace(self, which: str, specs: tuple[Spec, ...]) -> None:
-        old = getattr(self, which)
-        if old is not None:
-            old.close()
-        arena = Arena(specs, self.device)
+        """Switch to the arena of these specs, made (and mapped by the runner, one IPC open) only once per job."""
+        known = self.arenas.setdefault(which, [])
+        number = next((k for k, a in enumerate(known) if a.specs == specs), None)
+        new = number is None
+        if number is None:
+            known.append(Arena(specs, self.device))
+            number = len(known) - 1
+        arena = known[number]
         setattr(self, which, arena)
         try:
-            self.conn.send(Inputs() if which == "inputs" else Outputs())
-            arena.send(self.conn)
+            self.conn.send(Inputs(number, new) if which == "inputs" else Outputs(number, new))
+            if new:
+                arena.send(self.conn)
             self.conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
             raise RunnerGone(str(exc)) from None
@@ -135,9 +142,9 @@ class RunnerLink:
         except RunnerGone:
             return ()
         finally:
-            for arena in (self.inputs, self.outputs):
-                if arena is not None:
-                    arena.close()
+            for arena in (a for known in self.arenas.values() for a in known):
+                arena.close()
+            self.arenas.clear()
             self.inputs = self.outputs = None
         return tuple(getattr(reply, "state_changes", ()))
 

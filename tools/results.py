@@ -50,6 +50,8 @@ class StaticReport(Frozen):
 
     rejections: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    kernelguard: tuple[str, ...] | None = None
+    """kernelguard's findings when its optional layer ran (Guards.kernelguard), each also a rejection; None when it did not."""
 
     @property
     def ok(self) -> bool:

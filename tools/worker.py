@@ -29,6 +29,7 @@ import structlog
 from tools import sandbox
 from tools.config import default_pch_dir
 from tools.faults import cuda_fault_in
+from tools.forkserver import ForkedChild, ForkServer, ForkServerError
 from tools.jobs import EvalJob, JobReply
 from tools.results import EvalStatus
 
@@ -91,7 +92,7 @@ class Worker:
         self.gpu_index = gpu_index
         self.extra_env = env or {}
         self.cores = cores
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedChild | None = None
         self.conn: Connection | None = None
         self.judge_end: socket.socket | None = None
         """The parent's end of the runner's socket to the judge, handed to the judge for each device job."""
@@ -103,6 +104,9 @@ class Worker:
         self.retries = 0
         self.last_start_s = 0.0
         self.pid: int | None = None
+        self.use_template = os.environ.get("REFINERY_FORK_TEMPLATE", "1") != "0"
+        """Fork runners from a warm template (tools/forkserver.py); REFINERY_FORK_TEMPLATE=0 starts each one plainly."""
+        self._forkserver: ForkServer | None = None
 
     @property
     def alive(self) -> bool:
@@ -154,24 +158,31 @@ class Worker:
             "--parent-pid", str(os.getpid()),
         ]
         # fmt: on
-        with open(self.log_path, "wb") as out:
-            # From the long-lived spawner thread: the worker dies with this process (see
-            # worker_main.die_with_parent), not with whichever thread happened to start it.
-            self.proc = (
-                _spawner()
-                .submit(
-                    subprocess.Popen,
-                    cmd,
-                    cwd=self.workdir,
-                    env=self._env(),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(child_sock.fileno(), judge_sock.fileno()),
-                    start_new_session=True,
+        fds = (child_sock.fileno(), judge_sock.fileno())
+        template = self._template()
+        if template is not None:
+            # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
+            cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
+            self.proc = template.spawn("tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=self._env(), pass_fds=fds)
+        else:
+            with open(self.log_path, "wb") as out:
+                # From the long-lived spawner thread: the worker dies with this process (see
+                # worker_main.die_with_parent), not with whichever thread happened to start it.
+                self.proc = (
+                    _spawner()
+                    .submit(
+                        subprocess.Popen,
+                        cmd,
+                        cwd=self.workdir,
+                        env=self._env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        pass_fds=fds,
+                        start_new_session=True,
+                    )
+                    .result()
                 )
-                .result()
-            )
         child_sock.close()
         judge_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
@@ -195,6 +206,20 @@ class Worker:
     def _recv_or_none(self) -> object:
         assert self.conn is not None
         return _recv_or_none(self.conn)
+
+    def _template(self) -> ForkServer | None:
+        """The warm template this worker forks its runners from; None (plain processes) where it cannot start."""
+        if self.use_template and (self._forkserver is None or not self._forkserver.alive):
+            home = Path(tempfile.mkdtemp(prefix="refinery-template-"))
+            env = {**self._env(), "HOME": str(home), "TMPDIR": str(home)}
+            self._forkserver = ForkServer(env=env, cwd=home, preload=("torch", "tools.worker_main"), log_path=home / "template.log")
+            try:
+                self._forkserver.start()
+            except ForkServerError as exc:
+                log.warning("template_failed_plain_processes_instead", error=str(exc)[-500:])
+                self._forkserver = None
+                self.use_template = False
+        return self._forkserver
 
     def run(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
         """Run a job; returns the reply and the tail of what the candidate printed.
@@ -323,6 +348,7 @@ class Worker:
         self.workdir = None
 
     def close(self) -> None:
+        """End the runner (the template stays, for the next candidate's)."""
         # A worker holds nothing worth a graceful exit, and tearing down a CUDA context that
         # cached many GB takes seconds: end it at once.
         if self.proc is not None:
@@ -330,6 +356,13 @@ class Worker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
         self._cleanup()
+
+    def shutdown(self) -> None:
+        """End the runner and the template."""
+        self.close()
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
 
 
 def _recv_or_none(conn: Connection) -> object:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.multiprocessing
 
-import tools._audit_min as audit
+from tools import audit
 from tools import sandbox
 from tools.aten_ops import OpRecorder, synchronize
 from tools.channel import (
@@ -120,6 +120,7 @@ class WorkerState:
     models: dict[int, Any] = field(default_factory=dict)
     inputs: list[torch.Tensor] = field(default_factory=list)
     outputs: list[torch.Tensor] = field(default_factory=list)
+    arenas: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
     pending_changes: tuple[str, ...] = ()
 
     def state_changes(self) -> tuple[str, ...]:
@@ -264,11 +265,11 @@ def _serve_judge(state: WorkerState, conn: Connection) -> None:
             conn.send(Called((), False, 0, state_changes=state.pending_changes or state.state_changes()))
             break
         if isinstance(request, (Inputs, Outputs)):
-            tensors = map_arena(conn.recv(), conn)
-            if isinstance(request, Inputs):
-                state.inputs = tensors
-            else:
-                state.outputs = tensors
+            role = "inputs" if isinstance(request, Inputs) else "outputs"
+            mapped = state.arenas.setdefault(role, [])
+            if request.new:
+                mapped.append(map_arena(conn.recv(), conn))
+            setattr(state, role, mapped[request.arena])
             conn.send(True)
             continue
         try:
@@ -289,6 +290,7 @@ def _serve_judge(state: WorkerState, conn: Connection) -> None:
             state.pending_changes = state.state_changes()
     state.models.clear()
     state.inputs, state.outputs = [], []
+    state.arenas.clear()
     if state.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

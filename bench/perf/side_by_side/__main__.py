@@ -68,8 +68,11 @@ device, task, candidate, cache = sys.argv[1:5]
 config = EvalConfig(device=device, cache_dir=Path(cache), time_compiled_reference=False)
 with Evaluator(config) as ev:
     r = ev.evaluate(TaskProgram(name="task", source=Path(task).read_text()), Path(candidate).read_text())
+    judge = getattr(ev, "judge", None)  # the evaluator before the split has none
+    log = Path(judge.log_path).read_text() if judge is not None and judge.log_path else ""
 print("RESULT " + json.dumps({"status": r.status.value if r.status else None, "speedup": r.timing.speedup if r.timing else None,
-      "message": r.message[:300], "stages": r.stage_seconds}))
+      "message": r.message[:300], "stages": r.stage_seconds,
+      "judge_log": [ln for ln in log.splitlines() if "judged" in ln or "correctness_phases" in ln]}))
 """
 
 KERNELBENCH = """
@@ -97,6 +100,7 @@ class Run:
     speedup: float | None
     message: str
     stages: dict[str, float]
+    judge_log: tuple[str, ...] = ()
 
 
 def run_side(side: str, code: str, args: list[str], pythonpath: Path) -> tuple[float, dict[str, object]]:
@@ -150,6 +154,7 @@ def main() -> None:
                         speedup=float(speedup) if isinstance(speedup, (int, float)) else None,
                         message=str(out.get("message", "")),
                         stages=dict(stages) if isinstance(stages, dict) else {},
+                        judge_log=tuple(str(line) for line in out.get("judge_log") or ()),  # type: ignore[attr-defined]  # a list from the child's JSON
                     )
                     runs.append(run)
                     console.print(f"{name} {side} {label}: {wall:.1f} s, {run.status}, speedup {run.speedup}")
