@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from textwrap import dedent
 
 import pytest
@@ -265,6 +266,7 @@ def test_perf_counter_used_and_rebound_normally_is_accepted() -> None:
         ("import multiprocessing as mp", "imports multiprocessing"),
         ("import torch.multiprocessing", "imports torch.multiprocessing"),
         ("import subprocess", "imports subprocess"),
+        ("import _posixsubprocess", "imports _posixsubprocess"),
         ("import signal", "imports signal"),
         ("import socket", "imports socket"),
         ("from ctypes import CDLL", "imports ctypes.CDLL"),
@@ -619,3 +621,98 @@ def test_several_problems_are_all_reported() -> None:
 def test_kernel_bindings_of_a_triton_candidate() -> None:
     assert kernel_bindings(TRITON_CANDIDATE) == {"relu_kernel"}
     assert kernel_bindings(CPP_CANDIDATE) == {"relu_ext"}
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize(("folder", "backend"), [("cpu_solutions", "cpp"), ("cuda_solutions", "cuda"), ("triton_solutions", "triton")])
+def test_the_honest_fixture_solutions_are_accepted(folder: str, backend: str) -> None:
+    paths = sorted((FIXTURES / folder).rglob("*.py"))
+    assert paths
+    for path in paths:
+        report = check_candidate(path.read_text(), backend)
+        assert report.ok, (path.name, report.rejections)
+
+
+@pytest.mark.parametrize(
+    ("code", "verb"),
+    [
+        ("import sys\nFAST = sys.modules['torch'].relu", "reads"),
+        ("import sys\nTIMER = sys.modules.get('tools.timing')", "reads"),
+        ("import sys as s\nTIMER = s.modules['tools.timing']", "reads"),
+        ("from sys import modules\nTIMER = modules['tools.timing']", "reads"),
+        ("import sys\ntable = sys.modules\ntable['time'] = None", "patches"),
+        ("import sys\ndel sys.modules['time']", "patches"),
+        ("import sys\nsys.modules.setdefault('time', None)", "patches"),
+    ],
+)
+def test_sys_modules_is_off_limits(code: str, verb: str) -> None:
+    source = CPP_CANDIDATE + "\n" + code + "\n"
+    rejections = check_candidate(source).rejections
+    last = line_of(source, code.splitlines()[-1])
+    expected = f"line {last}: {verb} the module table through sys.modules; "
+    assert any(r.startswith(expected) for r in rejections), rejections
+    assert all("sys.modules" in r for r in rejections), rejections
+    assert "leave sys.modules alone" in rejections[-1]
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [
+        ("import sys\nCALLER = sys._getframe(1)", "sys._getframe"),
+        ("from sys import _getframe as frame\nCALLER = frame(1)", "sys._getframe"),
+        ("import sys\nFRAMES = sys._current_frames()", "sys._current_frames"),
+        ("import sys\nsys.settrace(None)", "sys.settrace"),
+        ("import sys\nsys.setprofile(print)", "sys.setprofile"),
+    ],
+)
+def test_frame_access_is_rejected(code: str, name: str) -> None:
+    source = CPP_CANDIDATE + "\n" + code + "\n"
+    rejections = check_candidate(source).rejections
+    last = line_of(source, code.splitlines()[-1])
+    assert f"line {last}: uses {name}, which reaches the interpreter's frames" in rejections[-1], rejections
+    assert "compute the output from forward's arguments alone" in rejections[-1]
+
+
+@pytest.mark.parametrize("code", ["import inspect", "from inspect import currentframe", "import inspect as ins"])
+def test_importing_inspect_is_rejected(code: str) -> None:
+    source = CPP_CANDIDATE + "\n" + code + "\n"
+    message = only_rejection(source)
+    assert message.startswith(f"line {line_of(source, code)}: imports inspect")
+    assert "frames" in message and "remove it" in message
+
+
+@pytest.mark.parametrize("code", ["import gc", "from gc import get_objects", "import gc as collector"])
+def test_importing_gc_is_rejected(code: str) -> None:
+    source = CPP_CANDIDATE + "\n" + code + "\n"
+    message = only_rejection(source)
+    assert message.startswith(f"line {line_of(source, code)}: imports gc")
+    assert "gc.get_objects" in message and "remove it" in message
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "SEED = torch.initial_seed()",
+        "SEED = torch.random.initial_seed()",
+        "SEED = torch.cuda.initial_seed()",
+        "STATE = torch.get_rng_state()",
+        "STATE = torch.random.get_rng_state()",
+        "SEED = torch.default_generator.initial_seed()",
+        "from torch import initial_seed",
+        "SEED = torch.Generator().initial_seed()",
+    ],
+)
+def test_reading_torch_rng_state_is_rejected(code: str) -> None:
+    source = CPP_CANDIDATE + "\n" + code + "\n"
+    message = only_rejection(source)
+    assert message.startswith(f"line {line_of(source, code)}: reads torch's random-number state (")
+    assert "the same for any seed" in message
+
+
+def test_the_new_rules_come_before_the_generic_ones() -> None:
+    source = CPP_CANDIDATE + "\nimport sys\nsys.modules['time'].perf_counter = None\nimport threading\n"
+    rejections = check_candidate(source).rejections
+    assert rejections[0].startswith(f"line {line_of(source, 'perf_counter = None')}: patches the module table through sys.modules")
+    assert "imports threading" in rejections[-1]

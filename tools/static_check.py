@@ -21,7 +21,9 @@ LOAD_FUNCTIONS = frozenset({"torch.utils.cpp_extension.load_inline", "torch.util
 # Names that mean a module even when the candidate forgot to import them.
 ROOT_MODULES = frozenset({"torch", "time", "timeit", "triton", "os", "sys"})
 
-FORBIDDEN_MODULES = frozenset({"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "signal", "socket", "ctypes", "pty"})
+FORBIDDEN_MODULES = frozenset(
+    {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "_posixsubprocess", "signal", "socket", "ctypes", "pty"}
+)
 FORBIDDEN_SUBMODULES = frozenset({"torch.multiprocessing"})
 
 OS_PROCESS_CALLS = frozenset({"fork", "forkpty", "system", "popen", "kill", "killpg", "posix_spawn", "posix_spawnp", "_exit", "abort"})
@@ -31,6 +33,28 @@ DYNAMIC_CODE = frozenset({"exec", "eval", "compile", "__import__"})
 DYNAMIC_IMPORTS = frozenset({"importlib.import_module", "importlib.__import__"})
 
 SYS_MODULES_MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"})
+
+# Reaching into the evaluator from Python: its frames, its objects, its module table, its RNG state.
+FRAME_ACCESS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile"})
+INTROSPECTION_MODULES = {
+    "inspect": "it reads the interpreter's frames (currentframe, stack) and the evaluator's code",
+    "gc": "gc.get_objects and gc.get_referrers walk every object of the process, the evaluator's too",
+}
+RNG_STATE = frozenset(
+    {
+        "torch.initial_seed",
+        "torch.random.initial_seed",
+        "torch.cuda.initial_seed",
+        "torch.get_rng_state",
+        "torch.random.get_rng_state",
+        "torch.cuda.get_rng_state",
+        "torch.cuda.get_rng_state_all",
+        "torch.default_generator",
+        "torch.random.default_generator",
+        "torch.cuda.default_generators",
+    }
+)
+RNG_STATE_METHODS = frozenset({"initial_seed", "get_rng_state", "get_rng_state_all"})
 
 STREAM_CLASSES = frozenset({"torch.cuda.Stream", "torch.Stream", "torch.cuda.ExternalStream"})
 STREAM_SOURCE_CALLS = ("cudaStreamCreate", "getStreamFromPool")
@@ -667,12 +691,77 @@ def check_fallbacks(facts: Facts) -> list[str]:
     return found
 
 
+def check_introspection(facts: Facts) -> list[str]:
+    """The module table, frames, gc and torch's RNG state: how a candidate would reach into the
+    evaluator (its timer, its reference, its inputs' seed) from Python. A second line, an audit
+    hook in the candidate's process (tools/audit.py), refuses the same at run time."""
+    found: dict[tuple[int, str], str] = {}
+    # What a store or a mutating call writes through: `sys.modules["t"].perf_counter = f` patches too.
+    written = {id(n) for t in facts.stores for n in _receivers(t.value)}
+    written |= {
+        id(n)
+        for c in facts.calls
+        if isinstance(c.func, ast.Attribute) and c.func.attr in SYS_MODULES_MUTATORS
+        for n in _receivers(c.func.value)
+    }
+    for path, node in facts.imports:
+        module = path.split(".")[0]
+        line = _line(node)
+        if module in INTROSPECTION_MODULES:
+            found[(line, module)] = f"line {line}: imports {path}; {INTROSPECTION_MODULES[module]}; a kernel never needs it, so remove it"
+        elif path == "sys.modules" or path in FRAME_ACCESS or path in RNG_STATE:
+            found.setdefault((line, _introspection_kind(path)), _introspection_message(path, line, written=False))
+    for load in facts.loads:
+        resolved = facts.resolve(load)
+        line = _line(load)
+        if resolved == "sys.modules" or resolved in FRAME_ACCESS or resolved in RNG_STATE:
+            assert resolved is not None
+            message = _introspection_message(resolved, line, written=id(load) in written)
+            key = (line, _introspection_kind(resolved))
+            # `sys.modules["x"] = sys.modules["y"]` is said once, and as the patch it is.
+            if key not in found or "patches" in message:
+                found[key] = message
+        elif resolved is None and isinstance(load, ast.Attribute) and load.attr in RNG_STATE_METHODS:
+            found.setdefault((line, "rng"), _introspection_message(f"...{load.attr}", line, written=False))
+    return [found[key] for key in sorted(found)]
+
+
+def _receivers(expr: ast.expr) -> Iterator[ast.expr]:
+    """`a.b[c].d` and the expressions it is reached through: a.b[c], a.b, a."""
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        yield expr
+        expr = expr.value
+    yield expr
+
+
+def _introspection_kind(path: str) -> str:
+    return "modules" if path == "sys.modules" else "frames" if path in FRAME_ACCESS else "rng"
+
+
+def _introspection_message(path: str, line: int, written: bool) -> str:
+    if path == "sys.modules":
+        verb = "patches the module table through" if written else "reads the module table through"
+        return (
+            f"line {line}: {verb} sys.modules; a module reached that way can be the evaluator's or a replaced one, so "
+            "import what you need with ordinary import statements and leave sys.modules alone"
+        )
+    if path in FRAME_ACCESS:
+        return (
+            f"line {line}: uses {path}, which reaches the interpreter's frames or tracing (the evaluator's among them); "
+            "compute the output from forward's arguments alone"
+        )
+    return (
+        f"line {line}: reads torch's random-number state ({path.removeprefix('...')}); the inputs' seed is the "
+        "evaluator's business, so compute the output from the inputs alone, the same for any seed"
+    )
+
+
 def check_patching(facts: Facts) -> list[str]:
     found = []
     for target in facts.stores:
         path = facts.resolve(target.value)
-        if path is None or path in OS_ENVIRONMENT:
-            continue
+        if path is None or path in OS_ENVIRONMENT or path == "sys.modules":
+            continue  # sys.modules has its own message (check_introspection)
         verb = "deletes" if isinstance(target.ctx, ast.Del) else "assigns"
         found.append(
             f"line {_line(target)}: {verb} {ast.unparse(target)}, patching the module `{path}`; timers, "
@@ -698,9 +787,6 @@ def _patching_call(facts: Facts, call: ast.Call) -> list[str]:
         path = facts.resolve(first)
     elif isinstance(func, ast.Attribute) and func.attr in ("__setattr__", "__delattr__"):
         path = facts.resolve(func.value) or (facts.resolve(first) if first is not None else None)
-    elif isinstance(func, ast.Attribute) and func.attr in SYS_MODULES_MUTATORS:
-        path = facts.resolve(func.value)
-        path = path if path == "sys.modules" else None
     else:
         return []
     if path is None:
@@ -940,6 +1026,7 @@ def check_candidate(source: str, backend: str = "cpp") -> StaticReport:
     rejections = [
         *check_model_new(facts),
         *check_fallbacks(facts),
+        *check_introspection(facts),
         *check_patching(facts),
         *check_escapes(facts),
         *check_reference_use(facts),
