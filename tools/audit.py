@@ -535,7 +535,7 @@ def changed(before: dict[str, object], after: dict[str, object]) -> list[str]:
 _installed = False
 """Only so that a second install_hook() says so; the hook's own state is not here."""
 
-_STDLIB, _PROTECTED, _OTHER = 0, 1, 2
+_STDLIB, _PROTECTED, _OTHER, _LIBRARY = 0, 1, 2, 3
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PATHLIB_TYPES = (Path, PosixPath, PurePosixPath)
 _FRAME_ATTRS = frozenset({"f_code", "tb_frame", "gi_frame", "cr_frame", "ag_frame"})
@@ -804,6 +804,8 @@ class _Guard:
                     kind = _PROTECTED
                 elif _inside(real, self.stdlib) and "-packages" + os.sep not in real:
                     kind = _STDLIB
+                elif "-packages" + os.sep in real:
+                    kind = _LIBRARY
                 else:
                     kind = _OTHER
             if len(self.kinds) > 4096:
@@ -847,6 +849,16 @@ class _Guard:
     def on_getattr(self, event: str, args: tuple[Any, ...]) -> None:
         name = args[1]
         if name not in _FRAME_ATTRS:
+            return
+        try:
+            reader: Any = sys._getframe(2)  # above this handler and __call__: the code reading the attribute
+        except ValueError:
+            reader = None
+        while reader is not None and self._kind(reader.f_code.co_filename) == _STDLIB:
+            reader = reader.f_back
+        if reader is not None and self._kind(reader.f_code.co_filename) == _LIBRARY:
+            # An installed library had the standard library read the stack: torch.manual_seed
+            # formats its caller's stack for lazy CUDA seeding, whoever seeds. It keeps text.
             return
         target = args[0] if name == "f_code" else getattr(args[0], name, None)
         self._reaches_harness(f"{type(args[0]).__name__}.{name}", target)

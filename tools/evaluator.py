@@ -18,8 +18,7 @@ from typing import Self
 import structlog
 
 from tools.config import EvalConfig
-from tools.jobs import EvalJob, JobReply, TaskProgram
-from tools.programs import source_hash
+from tools.jobs import EvalJob, JobReply, TaskProgram, source_hash
 from tools.results import EvalResult, EvalStatus, Stage, StaticReport
 from tools.static_check import check_candidate
 from tools.worker import Judge, Worker

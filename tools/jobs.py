@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from pydantic import Field
 
 from tools.config import EvalConfig
@@ -14,6 +16,12 @@ from tools.results import (
     Stage,
     TimingReport,
 )
+
+
+def source_hash(source: str) -> str:
+    """A short key for a program's text (here rather than in tools/programs.py: the parent, which
+    never runs task or candidate code, need not import torch for it)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class TaskProgram(Frozen):

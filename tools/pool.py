@@ -24,8 +24,7 @@ from typing import Self
 
 from tools.config import EvalConfig
 from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.programs import source_hash
+from tools.jobs import TaskProgram, source_hash
 from tools.results import EvalResult, Stage
 from tools.worker import Judge, Worker
 

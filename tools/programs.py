@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -14,9 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-
-def source_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+from tools.jobs import source_hash
 
 
 def import_source(source: str, kind: str, workdir: Path) -> ModuleType:

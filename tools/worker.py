@@ -163,7 +163,9 @@ class Worker:
         if template is not None:
             # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
             cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
-            self.proc = template.spawn("tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=self._env(), pass_fds=fds)
+            self.proc = template.spawn(
+                "tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=self._env(), pass_fds=fds
+            )
         else:
             with open(self.log_path, "wb") as out:
                 # From the long-lived spawner thread: the worker dies with this process (see

@@ -28,8 +28,7 @@ from typing import Any
 import torch
 import torch.multiprocessing
 
-from tools import audit
-from tools import sandbox
+from tools import audit, sandbox
 from tools.aten_ops import OpRecorder, synchronize
 from tools.channel import (
     Build,
@@ -160,6 +159,7 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         raise StageFailed(status, f"loading the candidate failed:\n{describe(exc)}", fatal) from exc
     report = CompileReport(
         ok=True,
+        compiler=ledger.compiler,
         seconds=time.perf_counter() - started,
         cache_hits=ledger.hits - hits_before,
         cache_misses=ledger.misses - misses_before,
@@ -196,7 +196,9 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
     except StageFailed as exc:
         compile_report = None
         if exc.status is EvalStatus.COMPILE_ERROR:
-            compile_report = CompileReport(ok=False, log=exc.message, seconds=time.perf_counter() - started)
+            compile_report = CompileReport(
+                ok=False, log=exc.message, seconds=time.perf_counter() - started, compiler=state.cache.ledger.compiler
+            )
         seconds[Stage.COMPILE.value] = time.perf_counter() - started
         return JobReply(failure=exc.status, message=exc.message, compile=compile_report, stage_seconds=seconds, fatal=exc.fatal)
     except Rejected as exc:

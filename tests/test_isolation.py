@@ -1,6 +1,7 @@
 """Nothing a verdict depends on is within the candidate's reach: hacks of every class that reached
 into the timer, the seeds, the checks or global state from inside the candidate's process, each
-run as a real candidate through the evaluator (runner and judge in their own processes).
+run as a real candidate through the evaluator (runner and judge in their own processes), on CPU
+with `make test` and on CUDA with `make test-gpu` (the same tests, the kernels built for each).
 
 Each test names the defence that fired, then checks that a later honest candidate in the same
 evaluator gets the same reference timing as before the hack, and that the baseline cache on disk
@@ -13,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import os
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
 import torch
-from candidates import candidate
+from candidates import candidate, cuda_candidate
 
 from tools.config import EvalConfig, Guards
 from tools.evaluator import Evaluator
@@ -27,20 +28,42 @@ from tools.jobs import EvalJob, TaskProgram
 from tools.results import EvalResult, EvalStatus, Stage, TimingStats
 
 RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
-REPS = 60
-HONEST = candidate(f"return ext.relu_slow(x, {REPS})")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+def device(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def config(cpu_config: EvalConfig) -> EvalConfig:
+def build(device: str) -> Callable[..., str]:
+    return candidate if device == "cpu" else cuda_candidate
+
+
+@pytest.fixture(scope="module")
+def reps(device: str) -> int:
+    """Passes of the slow honest ReLU: milliseconds on either device, so that a quarter of it shows."""
+    return 60 if device == "cpu" else 3000
+
+
+@pytest.fixture(scope="module")
+def config(cpu_config: EvalConfig, device: str) -> EvalConfig:
     # Two torch threads, so that a candidate setting one is a change; the baseline cache on.
-    return cpu_config.model_copy(update={"trials": 15, "warmup": 2, "cpu_threads": 2, "baseline_cache": True, "reverify_speedup": 1e9})
+    return cpu_config.model_copy(
+        update={"device": device, "trials": 15, "warmup": 2, "cpu_threads": 2, "baseline_cache": True, "reverify_speedup": 1e9}
+    )
 
 
 @pytest.fixture(scope="module")
 def evaluator(config: EvalConfig) -> Iterator[Evaluator]:
     with Evaluator(config) as ev:
         yield ev
+
+
+@pytest.fixture(scope="module")
+def honest_source(build: Callable[..., str], reps: int) -> str:
+    return build(f"return ext.relu_slow(x, {reps})")
 
 
 def baselines_digest(config: EvalConfig) -> str:
@@ -51,8 +74,8 @@ def baselines_digest(config: EvalConfig) -> str:
 
 
 @pytest.fixture(scope="module")
-def honest(evaluator: Evaluator, relu_task: TaskProgram) -> EvalResult:
-    result = evaluator.run(relu_task, HONEST, RUNTIME)
+def honest(evaluator: Evaluator, relu_task: TaskProgram, honest_source: str) -> EvalResult:
+    result = evaluator.run(relu_task, honest_source, RUNTIME)
     assert result.status is EvalStatus.CORRECT, result.message
     return result
 
@@ -62,41 +85,45 @@ def reference_of(result: EvalResult) -> TimingStats:
     return result.timing.reference
 
 
-def judged(evaluator: Evaluator, task: TaskProgram, source: str, honest: EvalResult, stages: tuple[Stage, ...] = RUNTIME) -> EvalResult:
+def judged(evaluator: Evaluator, task: TaskProgram, source: str, honest: EvalResult, honest_source: str) -> EvalResult:
     """The hack's result, after checking that it left the reference and the baseline cache alone."""
     before = baselines_digest(evaluator.config)
-    result = evaluator.run(task, source, stages)
-    later = evaluator.run(task, HONEST, RUNTIME) if task.name == "relu" else None
-    if later is not None:
-        assert later.status is EvalStatus.CORRECT, later.message
-        assert reference_of(later) == reference_of(honest), "a later honest candidate meets the same reference timing"
+    result = evaluator.run(task, source, RUNTIME)
+    later = evaluator.run(task, honest_source, RUNTIME)
+    assert later.status is EvalStatus.CORRECT, later.message
+    assert reference_of(later) == reference_of(honest), "a later honest candidate meets the same reference timing"
     assert baselines_digest(evaluator.config) == before, "the baseline cache is unchanged"
     return result
 
 
-def test_thread_count_changed_in_init_is_rejected_by_name(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+def test_thread_count_changed_in_init_is_rejected_by_name(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
+) -> None:
     """The old hack: one thread for everyone (the reference too) from __init__, all threads back
     for its own kernel. The reference is timed in the judge, where it changes nothing; the
     runner's pinned settings name it."""
-    hack = candidate(
-        f"torch.set_num_threads(self.n)\ny = ext.relu_slow(x, {REPS})\ntorch.set_num_threads(1)\nreturn y",
+    hack = build(
+        f"torch.set_num_threads(self.n)\ny = ext.relu_slow(x, {reps})\ntorch.set_num_threads(1)\nreturn y",
         init="self.n = torch.get_num_threads()\ntorch.set_num_threads(1)",
     )
-    result = judged(evaluator, relu_task, hack, honest)
+    result = judged(evaluator, relu_task, hack, honest, honest_source)
     assert result.status is EvalStatus.REJECTED, result.message
-    assert "changed settings the evaluation pins" in result.message and "get_num_threads(): 2 -> 1" in result.message
+    assert "changed settings the evaluation pins" in result.message and "get_num_threads()" in result.message and "-> 1" in result.message
 
 
-def test_backend_flag_changed_in_init_is_rejected_by_name(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
-    """CPU's counterpart of switching cuDNN off for the reference: oneDNN (mkldnn) off."""
-    hack = candidate(f"return ext.relu_slow(x, {REPS})", init="torch.backends.mkldnn.enabled = False")
-    result = judged(evaluator, relu_task, hack, honest)
+def test_backend_flag_changed_in_init_is_rejected_by_name(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
+) -> None:
+    """cuDNN off from __init__ (on CPU its counterpart, oneDNN): once it slowed the reference."""
+    backend = "mkldnn" if evaluator.config.device == "cpu" else "cudnn"
+    hack = build(f"return ext.relu_slow(x, {reps})", init=f"torch.backends.{backend}.enabled = False")
+    result = judged(evaluator, relu_task, hack, honest, honest_source)
     assert result.status is EvalStatus.REJECTED, result.message
-    assert "changed settings the evaluation pins" in result.message and "mkldnn" in result.message
+    assert "changed settings the evaluation pins" in result.message and backend in result.message
 
 
 def test_torch_function_replaced_through_sys_modules_is_rejected_by_name(
-    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
 ) -> None:
     """torch.relu slowed down through sys.modules at import: the reference never runs in this
     process, and the pinned identities of torch's functions name the change."""
@@ -110,44 +137,63 @@ def test_torch_function_replaced_through_sys_modules_is_rejected_by_name(
         return _relu(x)
     _torch.relu = _slow_relu
     """
-    result = judged(evaluator, relu_task, candidate(f"return ext.relu_slow(x, {REPS})", prelude=textwrap.dedent(prelude)), honest)
+    result = judged(
+        evaluator, relu_task, build(f"return ext.relu_slow(x, {reps})", prelude=textwrap.dedent(prelude)), honest, honest_source
+    )
     assert result.status is EvalStatus.REJECTED, result.message
     assert "torch.relu" in result.message
 
 
-def test_the_runners_timer_patched_is_caught_by_the_judges_clock(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
-    """The project's own timer in the candidate's process, wrapped to report a quarter of each
-    call (a class attribute: no pinned identity covers it). The judge's clock, around each call
-    from handing over the inputs to the outputs being ready, refuses the reported times."""
+def test_the_runners_timer_patched_is_caught_by_the_judges_clock(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
+) -> None:
+    """The project's own timer in the candidate's process made to report a quarter of each call.
+    Its code is swapped in place (`__code__`): the function object stays the same, so the runner's
+    pinned identities do not see it, and no audit event refuses it. The judge's clock, around each
+    call from handing over the inputs to the outputs being ready, refuses the reported times."""
     prelude = """
     import sys as _s
-    _Timer = _s.modules["tools.timing"].Timer
-    _original = _Timer.time_call
     def _quarter(self, fn, args):
-        out, ms = _original(self, fn, args)
-        return out, ms / 4
-    _Timer.time_call = _quarter
+        import time as _t
+        start = _t.perf_counter_ns()
+        out = fn(*args)
+        if hasattr(out, "is_cuda") and out.is_cuda:
+            _s.modules["torch"].cuda.synchronize()
+        return out, (_t.perf_counter_ns() - start) / 4e6
+    _s.modules["tools.timing"].Timer.time_call.__code__ = _quarter.__code__
     """
-    result = judged(evaluator, relu_task, candidate(f"return ext.relu_slow(x, {2 * REPS})", prelude=textwrap.dedent(prelude)), honest)
+    hack = build(f"return ext.relu_slow(x, {2 * reps})", prelude=textwrap.dedent(prelude))
+    result = judged(evaluator, relu_task, hack, honest, honest_source)
     assert result.status is EvalStatus.REJECTED, result.message
     assert "the judge's clock saw" in result.message and "the reported times are not the calls'" in result.message
 
 
-def test_reading_the_harness_frames_is_refused(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+def test_reading_the_harness_frames_is_refused(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
+) -> None:
     """The timing loop's locals once told which timed calls would be checked. Those are now chosen
     in the judge after the timing, so the runner's frames hold nothing; reading them is refused."""
-    hack = candidate(
-        f"import sys as _s\nseen = dict(_s._getframe(1).f_locals)\nreturn ext.relu_slow(x, {REPS})",
+    hack = build(
+        f"""
+        frame = _s._getframe(1)
+        while frame is not None and "/tools/" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        seen = dict(frame.f_locals) if frame is not None else {{}}
+        return ext.relu_slow(x, {reps})
+        """,
+        prelude="import sys as _s\n",
     )
-    result = judged(evaluator, relu_task, hack, honest)
+    result = judged(evaluator, relu_task, hack, honest, honest_source)
     assert result.status is EvalStatus.REJECTED, result.message
-    assert "refused by the evaluator" in result.message and "_getframe" in result.message
+    assert "refused by the evaluator" in result.message and "reached a frame of the evaluator's own code" in result.message
 
 
-def test_the_judges_modules_are_not_in_the_candidates_process(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+def test_the_judges_modules_are_not_in_the_candidates_process(
+    evaluator: Evaluator, relu_task: TaskProgram, build: Callable[..., str]
+) -> None:
     """Nothing to hook: the check, the choice of checked calls, the seeds and the statistics live
     in modules the runner never imports (the candidate lists what it can see, then fails on purpose)."""
-    spy = candidate(
+    spy = build(
         "raise RuntimeError('harness: ' + ','.join(sorted(m for m in _s.modules if m.startswith('tools.'))))",
         prelude="import sys as _s\n",
     )
@@ -160,12 +206,12 @@ def test_the_judges_modules_are_not_in_the_candidates_process(evaluator: Evaluat
 
 
 def test_a_hook_on_the_check_finds_no_check_and_its_deferred_work_fails(
-    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
 ) -> None:
     """The old hack wrapped the harness's check object to do the real work after the end event and
     before the check read the output. There is no check object here; an output left to be filled
     in later is read the moment the call ends, and is wrong."""
-    hack = candidate(
+    hack = build(
         """
         _stage = _s.modules.get("tools.timing_stage")
         if _stage is not None:
@@ -179,36 +225,38 @@ def test_a_hook_on_the_check_finds_no_check_and_its_deferred_work_fails(
         init="self.calls = 0",
         prelude="import sys as _s\n",
     )
-    result = judged(evaluator, relu_task, hack, honest)
+    result = judged(evaluator, relu_task, hack, honest, honest_source)
     assert result.status is EvalStatus.INCORRECT, result.message
     assert "returned a wrong output for its own inputs" in result.message and "read the moment the call ended" in result.message
 
 
-def test_inputs_predicted_from_the_global_seed_never_hit(evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult) -> None:
+def test_inputs_predicted_from_the_global_seed_never_hit(
+    evaluator: Evaluator, relu_task: TaskProgram, honest: EvalResult, honest_source: str, build: Callable[..., str], reps: int
+) -> None:
     """The candidate works out the next calls' inputs from torch.initial_seed() as the old seed
     scheme would, computes their outputs during the warm-up and looks them up. The inputs now come
     from the judge, from the OS's entropy: no lookup hits, and it is timed as the slow kernel it is."""
-    hack = candidate(
+    hack = build(
         f"""
         if not self.table:
             base = torch.initial_seed()
             for call in range(64):
                 torch.manual_seed(base + 50_000_017 + 7919 * call)
-                guess = torch.randn(256, 1024)
+                guess = torch.randn(256, 1024, device=x.device)
                 self.table[float(guess[0, 0])] = ext.relu_fwd(guess)
         hit = self.table.get(float(x[0, 0]))
         if hit is not None:
             self.hits += 1
             ext.touch(x)
             return hit.clone()
-        return ext.relu_slow(x, {REPS})
+        return ext.relu_slow(x, {reps})
         """,
         init="self.table = {}\nself.hits = 0",
     )
-    result = judged(evaluator, relu_task, hack, honest)
+    result = judged(evaluator, relu_task, hack, honest, honest_source)
     assert result.status is EvalStatus.CORRECT, result.message
     assert result.timing is not None and honest.timing is not None
-    assert result.timing.input_source == "mixed"
+    assert result.timing.input_source == ("mixed" if evaluator.config.device == "cpu" else "drawn")
     assert result.timing.speedup < 2 * honest.timing.speedup, "no lookup hit: timed as the slow kernel"
     static = evaluator.evaluate(relu_task, hack)
     assert static.status is EvalStatus.REJECTED and "initial_seed" in static.message, "the static check names it first"
@@ -222,28 +270,21 @@ import torch.nn as nn
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(256, 256) / 16)
+        self.weight = nn.Parameter(torch.randn(512, 512) / 22)
 
     def forward(self, x):
         return x @ self.weight
 
 
 def get_inputs():
-    return [torch.randn(1024, 256)]
+    return [torch.randn(1024, 512)]
 
 
 def get_init_inputs():
     return []
 """
 
-MATMUL = '''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-ext = load_inline(
-    name="refinery_test_matmul",
-    cpp_sources=r"""
+CPU_MM = r"""
 #include <torch/extension.h>
 torch::Tensor mm(torch::Tensor a, torch::Tensor b) {
     auto ac = a.contiguous(), bc = b.contiguous();
@@ -259,61 +300,99 @@ torch::Tensor mm(torch::Tensor a, torch::Tensor b) {
     return c;
 }
 void touch(torch::Tensor x) {}
-""",
-    functions=["mm", "touch"],
-    extra_cflags=["-O2", "-fopenmp"],
-    extra_ldflags=["-fopenmp"],
-)
+"""
 
+CUDA_MM = r"""
+#include <torch/types.h>
+#include <c10/cuda/CUDAStream.h>
+__global__ void mm_kernel(const float* a, const float* b, float* c, int n, int k, int m) {
+    int i = blockIdx.y * blockDim.y + threadIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || j >= m) return;
+    float acc = 0.f;
+    for (int p = 0; p < k; ++p) acc += a[i * k + p] * b[p * m + j];
+    c[i * m + j] = acc;
+}
+torch::Tensor mm(torch::Tensor a, torch::Tensor b) {
+    auto ac = a.contiguous(), bc = b.contiguous();
+    const int n = ac.size(0), k = ac.size(1), m = bc.size(1);
+    auto c = torch::empty({n, m}, ac.options());
+    dim3 block(16, 16), grid((m + 15) / 16, (n + 15) / 16);
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    mm_kernel<<<grid, block, 0, stream>>>(ac.data_ptr<float>(), bc.data_ptr<float>(), c.data_ptr<float>(), n, k, m);
+    return c;
+}
+void touch(torch::Tensor x) {}
+"""
+
+MEMO = """
 
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(256, 256) / 16)
+        self.weight = nn.Parameter(torch.randn(512, 512) / 22)
         self.seen, self.outs = [], []
+        self.basis = self.outmat = None
 
     def forward(self, x):
         flat = x.reshape(-1)
-        if len(self.seen) >= 4:
+        if len(self.seen) == 6:
             # A span memo: x as a combination of inputs seen before, its output the same combination.
-            basis = torch.stack(self.seen)
-            coef = torch.linalg.lstsq(basis[:, :512].T, flat[:512].unsqueeze(1)).solution
-            if torch.allclose((basis[:, 512:1024].T @ coef).squeeze(1), flat[512:1024], atol=1e-5, rtol=1e-4):
+            if self.basis is None:
+                self.basis = torch.stack(self.seen).double()
+                self.outmat = torch.stack(self.outs).reshape(6, -1).double()
+            coef = torch.linalg.pinv(self.basis[:, :512].T) @ flat[:512].double()
+            if torch.allclose(self.basis[:, 512:1024].T @ coef, flat[512:1024].double(), atol=1e-4, rtol=1e-4):
                 ext.touch(x)
-                return (torch.stack(self.outs).reshape(len(self.outs), -1).T @ coef).reshape(x.shape[0], -1)
+                return (coef @ self.outmat).float().reshape(x.shape[0], -1)
         y = ext.mm(x, self.weight)
         if len(self.seen) < 6:
             self.seen.append(flat.clone())
             self.outs.append(y.clone())
         return y
-'''
+"""
+
+
+def span_memo(device: str) -> str:
+    """A linear layer built as the device's extension, with a span memo in front of it."""
+    header = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n\n"
+    if device == "cpu":
+        build = f'ext = load_inline(name="refinery_test_mm", cpp_sources={CPU_MM!r}, functions=["mm", "touch"], '
+        build += 'extra_cflags=["-O2", "-fopenmp"], extra_ldflags=["-fopenmp"])\n'
+    else:
+        decls = "torch::Tensor mm(torch::Tensor a, torch::Tensor b);\nvoid touch(torch::Tensor x);"
+        build = f'ext = load_inline(name="refinery_test_mm_cuda", cpp_sources={decls!r}, cuda_sources={CUDA_MM!r}, '
+        build += 'functions=["mm", "touch"], extra_cuda_cflags=["-O3"])\n'
+    return header + build + MEMO
 
 
 def test_a_span_memo_for_a_linear_operator_gains_nothing_from_drawn_inputs(evaluator: Evaluator) -> None:
     """A linear operator answered as a combination of stored outputs: on CPU, inputs used to be
     mixes of 4 drawn sets, a 4-dimensional span. Forced to mix, the memo wins; by default the
-    judge sees the operator's FLOPs per input element and draws every call afresh, and it does not."""
+    judge draws every call afresh (on CPU because it sees the operator's FLOPs per input element),
+    and it does not."""
     task = TaskProgram(name="linear", source=LINEAR_TASK)
     quiet = evaluator.config.guards.model_copy(update={"min_kernel_share": 0.0})
     mixing = Evaluator(
         evaluator.config.model_copy(update={"guards": quiet.model_copy(update={"fresh_input_source": "mix"})}), judge=evaluator.judge
     )
+    memo = span_memo(evaluator.config.device)
     with mixing:
-        fooled = mixing.run(task, MATMUL, RUNTIME)
+        fooled = mixing.run(task, memo, RUNTIME)
     drawing = Evaluator(evaluator.config.model_copy(update={"guards": quiet}), judge=evaluator.judge)
     with drawing:
-        result = drawing.run(task, MATMUL, RUNTIME)
-        honest = drawing.run(task, MATMUL.replace("if len(self.seen) >= 4:", "if False:"), RUNTIME)
+        result = drawing.run(task, memo, RUNTIME)
+        honest = drawing.run(task, memo.replace("if len(self.seen) == 6:", "if False:"), RUNTIME)
     assert fooled.status is EvalStatus.CORRECT and fooled.timing is not None, fooled.message
     assert result.status is EvalStatus.CORRECT and result.timing is not None, result.message
     assert honest.status is EvalStatus.CORRECT and honest.timing is not None, honest.message
     assert fooled.timing.input_source == "mixed" and result.timing.input_source == "drawn"
-    assert fooled.timing.speedup > 3 * honest.timing.speedup, "the hole the drawn inputs close is real"
+    if evaluator.config.device == "cpu":  # on a GPU the memo's own solve costs more than the small matmul
+        assert fooled.timing.speedup > 3 * honest.timing.speedup, "the hole the drawn inputs close is real"
     assert result.timing.speedup < 2 * honest.timing.speedup, "on drawn inputs the memo never answers"
 
 
 def test_a_kernel_first_timed_below_the_floor_is_scored_from_its_retiming(
-    evaluator: Evaluator, relu_task: TaskProgram, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    evaluator: Evaluator, relu_task: TaskProgram, honest_source: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The judge in this process (so that its first timing can be made to fall below the floor),
     a real runner: the re-timing, with every output checked, is above the floor, and the
@@ -333,14 +412,15 @@ def test_a_kernel_first_timed_below_the_floor_is_scored_from_its_retiming(
         return run
 
     monkeypatch.setattr(timing_stage, "time_remote", first_below)
-    loaded = evaluator.run(relu_task, HONEST, (Stage.COMPILE,))
+    loaded = evaluator.run(relu_task, honest_source, (Stage.COMPILE,))
     assert loaded.status is None, loaded.message
     worker = evaluator.worker
     assert worker.judge_end is not None
     cfg = evaluator.config
-    job = EvalJob(task_name="relu", task_source=relu_task.source, candidate_source=HONEST, stages=(Stage.TIMING,), config=cfg)
-    state = judge.JudgeState(device=torch.device("cpu"), workdir=tmp_path)
-    reply = judge.run_job(state, job, RunnerLink(Connection(os.dup(worker.judge_end.fileno())), torch.device("cpu")))
+    job = EvalJob(task_name="relu", task_source=relu_task.source, candidate_source=honest_source, stages=(Stage.TIMING,), config=cfg)
+    device = torch.device("cpu" if cfg.device == "cpu" else "cuda:0")
+    state = judge.JudgeState(device=device, workdir=tmp_path)
+    reply = judge.run_job(state, job, RunnerLink(Connection(os.dup(worker.judge_end.fileno())), device))
     assert reply.failure is None, reply.message
     timing = reply.timing
     assert timing is not None and timing.floor_retimed
