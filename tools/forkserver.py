@@ -70,6 +70,7 @@ _SETUP_FAILED = 127
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 _BOOT = "import sys; sys.path.append(sys.argv[1]); from tools.forkserver import _boot; _boot()"
@@ -100,6 +101,12 @@ def _prctl(option: int, value: int) -> None:
     if libc.prctl(option, value, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}, {value}): {os.strerror(err)}")
+
+
+def _set_name(name: str) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15].encode()), 0, 0, 0)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -596,6 +603,9 @@ def _setup_child(template: _Template, req: dict[str, Any], fds: list[int], err: 
     _reopen_stdio(bool(req["env"].get("PYTHONUNBUFFERED")))
 
     sys.argv = [req["module"], *req["argv"]]
+    # The command line stays the template's (a fork keeps it): the name says which module it runs,
+    # for ps and psutil (`refinery:worker_main`; the kernel keeps 15 characters).
+    _set_name(f"refinery:{req['module'].rsplit('.', 1)[-1]}")
     sys.path[:] = [os.getcwd(), *template.sys_path]
     _reseed(req["env"])
 

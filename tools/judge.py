@@ -36,7 +36,7 @@ import torch
 from tools.baseline_cache import store_for
 from tools.config import EvalConfig
 from tools.confine import not_dumpable
-from tools.correctness import check_correctness, verify_after_timing
+from tools.correctness import check_correctness, compare, verify_after_timing
 from tools.jobs import EvalJob, JobReply, Rejected, StageFailed
 from tools.programs import Program, import_source, source_hash
 from tools.remote import RunnerGone, RunnerLink
@@ -150,6 +150,22 @@ def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
     return JobReply(stage_seconds=seconds, **parts)
 
 
+def warm_up(device: torch.device) -> None:
+    """The first use of cuBLAS and of each kernel costs seconds on a GPU; pay it while the runner
+    starts and compiles, not inside the first candidate's correctness stage."""
+    with torch.no_grad():
+        a = torch.rand(256, 256, device=device)
+        b = torch.randn(256, 256, device=device)
+        compare(a @ b, (a @ b).add_(1e-3), EvalConfig(device=device.type))
+        compare(a, a.clone(), EvalConfig(device=device.type))
+        torch.lerp(a, b, 0.5)
+        flat = a.reshape(-1)
+        flat[torch.randint(flat.numel(), (64,), device=device)].sum().item()
+        torch.equal(a, b)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def serve(conn: Connection, state: JudgeState) -> None:
     conn.send("ready")
     while True:
@@ -184,6 +200,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = False
+    warm_up(device)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
     serve(Connection(args.fd), JudgeState(device=device, workdir=Path.cwd()))
 

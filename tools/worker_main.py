@@ -256,12 +256,14 @@ def _call(state: WorkerState, request: Call) -> Called:
     return Called(metas, copied, calls, ops, problem, pending, elapsed)
 
 
-def _serve_judge(state: WorkerState, conn: Connection) -> None:
-    """Answer the judge until it says End (or goes away)."""
+def _serve_judge(state: WorkerState, conn: Connection) -> bool:
+    """Answer the judge until it says End (True) or its end of the socket is closed (False)."""
+    open_ = True
     while True:
         try:
             request = conn.recv()
         except (EOFError, OSError):
+            open_ = False
             break
         if isinstance(request, End):
             conn.send(Called((), False, 0, state_changes=state.pending_changes or state.state_changes()))
@@ -296,6 +298,7 @@ def _serve_judge(state: WorkerState, conn: Connection) -> None:
     if state.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    return open_
 
 
 def _answer(state: WorkerState, request: object) -> object:
@@ -319,15 +322,17 @@ def _answer(state: WorkerState, request: object) -> object:
 
 def serve(conn: Connection, judge: Connection, state: WorkerState, cpu_seconds_per_job: float) -> None:
     conn.send("ready")
+    sources = [conn, judge]
     while True:
-        ready = wait([conn, judge])
-        if judge in ready:
-            _serve_judge(state, judge)
+        ready = wait(sources)
+        if conn not in ready and judge in ready:
+            if not _serve_judge(state, judge):
+                sources = [conn]  # no judge can reach this runner any more; the parent still may
             continue
         try:
             job = conn.recv()
-        except EOFError:
-            return
+        except (EOFError, OSError):
+            return  # the parent is gone: so is any reason to live
         if job is None:
             return
         # What the candidate prints goes to this job's log only.
@@ -360,6 +365,16 @@ def die_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(1)  # the parent died before the signal was armed
+
+
+def warm_profiler(device: torch.device) -> None:
+    """CUPTI starts in seconds the first time a process profiles CUDA: here, while the judge starts,
+    rather than in the kernel-share step of the first correctness stage."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        torch.zeros(16, device=device).add_(1)
+        torch.cuda.synchronize(device)
 
 
 def isolate(workdir: Path, cache_dir: Path) -> str:
@@ -401,6 +416,7 @@ def main() -> None:
         torch.cuda.set_device(device)
         # Event timing of a candidate's kernels must not include cuBLAS/cuDNN autotuning noise.
         torch.backends.cudnn.benchmark = False
+        warm_profiler(device)
     cache = CompileCache(Path(args.cache_dir))
     cache.install()
     if device.type == "cuda":

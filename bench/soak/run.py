@@ -322,8 +322,9 @@ def _workers_of(proc: psutil.Process) -> list[psutil.Process]:
         return []
     for child in children:
         try:
-            cmd = child.cmdline()
-            if "tools.worker_main" in cmd and child.ppid() == proc.pid:
+            # Forked from a template (tools/forkserver.py), a runner keeps the template's command
+            # line and names itself; started plainly (REFINERY_FORK_TEMPLATE=0), it is a child of ours.
+            if child.name().startswith("refinery:worker") or ("tools.worker_main" in child.cmdline() and child.ppid() == proc.pid):
                 found.append(child)
         except psutil.Error:
             pass
