@@ -73,14 +73,15 @@ def test_cache_hit_skips_the_compiler(cpu_config: EvalConfig, relu_task: TaskPro
     with Evaluator(cpu_config) as first:
         warm = first.run(relu_task, source, (Stage.COMPILE,))
     assert warm.status is None
+    # One build per compiler: tests/test_clang.py may have built the same kernels with the other one.
     built = list(Path(cpu_config.cache_dir, "extensions").glob("refinery_test_kernels_*/*.so"))
-    assert len(built) == 1
-    mtime = built[0].stat().st_mtime_ns
+    assert built
+    mtimes = [path.stat().st_mtime_ns for path in built]
     with Evaluator(cpu_config) as second:  # a fresh worker process
         again = second.run(relu_task, source, (Stage.COMPILE,))
     assert again.compile is not None
     assert again.compile.cache_hits == 1 and again.compile.cache_misses == 0
-    assert built[0].stat().st_mtime_ns == mtime, "the extension was rebuilt"
+    assert [path.stat().st_mtime_ns for path in built] == mtimes, "the extension was rebuilt"
     assert again.compile.seconds < 10
 
 
