@@ -104,9 +104,7 @@ def stored_file(config: EvalConfig, task: TaskProgram) -> Path:
     return found[0]
 
 
-def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(
-    config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge
-) -> None:
+def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge) -> None:
     stored = StoredBaseline.model_validate_json(stored_file(config, tasks["cached"]).read_text())
     report = timed(Evaluator(config, judge=second), tasks["cached"])
     assert report.reference_source == "cached", (
