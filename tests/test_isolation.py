@@ -154,11 +154,13 @@ def test_the_runners_timer_patched_is_caught_by_the_judges_clock(
     prelude = """
     import sys as _s
     def _quarter(self, fn, args):
+        # Runs with the timer's globals (only its code is swapped): import what it needs here.
+        import sys as _sys
         import time as _t
         start = _t.perf_counter_ns()
         out = fn(*args)
         if hasattr(out, "is_cuda") and out.is_cuda:
-            _s.modules["torch"].cuda.synchronize()
+            _sys.modules["torch"].cuda.synchronize()
         return out, (_t.perf_counter_ns() - start) / 4e6
     _s.modules["tools.timing"].Timer.time_call.__code__ = _quarter.__code__
     """
