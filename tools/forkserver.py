@@ -55,9 +55,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn, Self
+
+from tools.sandbox import popen_logged
 
 _STARTUP_TIMEOUT_S = 300.0
 """Importing torch took over 2 minutes on a 2-core machine under load (see tools.worker)."""
@@ -78,20 +79,6 @@ _BOOT = "import sys; sys.path.append(sys.argv[1]); from tools.forkserver import 
 
 class ForkServerError(RuntimeError):
     """The template could not start, died, or could not fork a child."""
-
-
-_SPAWNER: ThreadPoolExecutor | None = None
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _spawner() -> ThreadPoolExecutor:
-    """One thread that starts every template and lives as long as this process: the kernel sends
-    PR_SET_PDEATHSIG when the *thread* that started the process ends, not the process."""
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None:
-            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forkserver-spawner")
-        return _SPAWNER
 
 
 def _prctl(option: int, value: int) -> None:
@@ -199,22 +186,7 @@ class ForkServer:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [sys.executable, "-c", _BOOT, _ROOT, str(child_sock.fileno()), str(os.getpid()), *self.preload]
         try:
-            with open(log_path, "wb") as out:
-                self._proc = (
-                    _spawner()
-                    .submit(
-                        subprocess.Popen,
-                        cmd,
-                        cwd=self.cwd,
-                        env=self.env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        pass_fds=(child_sock.fileno(),),
-                        start_new_session=True,
-                    )
-                    .result()
-                )
+            self._proc = popen_logged(cmd, self.cwd, self.env, log_path, (child_sock.fileno(),))
         except BaseException:
             parent_sock.close()
             raise

@@ -7,6 +7,10 @@ import os
 import re
 import resource
 import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -103,3 +107,39 @@ def tail(path: Path, limit: int = 4000) -> str:
     except FileNotFoundError:
         return ""
     return ("…" + text) if size > limit else text
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """One thread that starts every child of this process and lives as long as it does."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refinery-spawner")
+        return _SPAWNER
+
+
+def popen_logged(cmd: Sequence[str], cwd: Path, env: dict[str, str], log_path: Path, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+    """A child in its own session (so kill_tree ends it and its compilers), reading nothing, its
+    output in `log_path`. Started from one long-lived thread: a child that arms PR_SET_PDEATHSIG
+    dies with this process, not with whichever thread happened to start it (the kernel sends the
+    signal when the starting *thread* ends)."""
+    with open(log_path, "wb") as out:
+        return (
+            _spawner()
+            .submit(
+                subprocess.Popen,
+                list(cmd),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,
+            )
+            .result()
+        )

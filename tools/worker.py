@@ -41,19 +41,6 @@ _KILLED = "the worker was killed (SIGKILL)"
 _WATCH_INTERVAL_S = 0.25
 
 
-_SPAWNER: ThreadPoolExecutor | None = None
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _spawner() -> ThreadPoolExecutor:
-    """One thread that starts every worker of this process and lives as long as it does."""
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None:
-            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
-        return _SPAWNER
-
-
 _STARTER: ThreadPoolExecutor | None = None
 _STARTER_LOCK = threading.Lock()
 
@@ -167,24 +154,7 @@ class Worker:
                 "tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=self._env(), pass_fds=fds
             )
         else:
-            with open(self.log_path, "wb") as out:
-                # From the long-lived spawner thread: the worker dies with this process (see
-                # worker_main.die_with_parent), not with whichever thread happened to start it.
-                self.proc = (
-                    _spawner()
-                    .submit(
-                        subprocess.Popen,
-                        cmd,
-                        cwd=self.workdir,
-                        env=self._env(),
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        pass_fds=fds,
-                        start_new_session=True,
-                    )
-                    .result()
-                )
+            self.proc = sandbox.popen_logged(cmd, self.workdir, self._env(), self.log_path, fds)
         child_sock.close()
         judge_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
@@ -437,22 +407,7 @@ class Judge:
         }
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
-        with open(self.log_path, "wb") as out:
-            self.proc = (
-                _spawner()
-                .submit(
-                    subprocess.Popen,
-                    cmd,
-                    cwd=self.workdir,
-                    env=sandbox.scrubbed_env(**env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(child_sock.fileno(),),
-                    start_new_session=True,
-                )
-                .result()
-            )
+        self.proc = sandbox.popen_logged(cmd, self.workdir, sandbox.scrubbed_env(**env), self.log_path, (child_sock.fileno(),))
         child_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
