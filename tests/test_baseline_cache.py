@@ -87,6 +87,12 @@ def timed(ev: Evaluator, task: TaskProgram) -> TimingReport:
     return result.timing
 
 
+def timed_once(config: EvalConfig, judge: Judge, task: TaskProgram) -> TimingReport:
+    """One timing through a new runner and the given judge, the runner and its template closed after."""
+    with Evaluator(config, judge=judge) as ev:
+        return timed(ev, task)
+
+
 def stored_file(config: EvalConfig, task: TaskProgram) -> Path:
     """The one file of this task at this trials and precision."""
     found = []
@@ -106,7 +112,7 @@ def stored_file(config: EvalConfig, task: TaskProgram) -> Path:
 
 def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge) -> None:
     stored = StoredBaseline.model_validate_json(stored_file(config, tasks["cached"]).read_text())
-    report = timed(Evaluator(config, judge=second), tasks["cached"])
+    report = timed_once(config, second, tasks["cached"])
     assert report.reference_source == "cached", (
         f"path: disk hit, spot check agreed (stored {stored.reference.median}, spot {report.reference_spot_ms})"
     )
@@ -126,7 +132,7 @@ def test_a_changed_setting_or_task_is_a_miss(config: EvalConfig, tasks: dict[str
         task = TaskProgram(name=task.name, source=task.source + "\n# the same Model, another source\n")
     # The first worker's memory misses as well (its key holds the same), so the disk decides; and the
     # sleeping reference would pass the spot check: only the key keeps the stored file out.
-    report = timed(Evaluator(config, judge=first), task)
+    report = timed_once(config, first, task)
     assert report.reference_source == "measured", f"path: miss, {change} is part of the key"
     assert report.reference_spot_ms is None
     stored_file(config, task)  # stored under its own key
@@ -142,7 +148,7 @@ def test_a_stored_median_far_off_fails_the_spot_check_and_is_replaced(
     data["reference_samples_ms"] = [10 * s for s in data["reference_samples_ms"]]
     path.write_text(json.dumps(data))
     doctored = data["reference"]["median"]
-    report = timed(Evaluator(config, judge=second), tasks["doctored"])
+    report = timed_once(config, second, tasks["doctored"])
     assert report.reference_source == "measured", "path: disk hit, spot check disagreed, measured again"
     assert report.reference_spot_ms is not None and report.reference_spot_ms < doctored / 5, "the spot check ran, and saw the truth"
     assert report.reference.median < doctored / 5
@@ -153,7 +159,7 @@ def test_a_stored_median_far_off_fails_the_spot_check_and_is_replaced(
 def test_remeasure_baselines_measures_and_overwrites(config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge) -> None:
     path = stored_file(config, tasks["remeasure"])
     before = StoredBaseline.model_validate_json(path.read_text())
-    report = timed(Evaluator(config.model_copy(update={"remeasure_baselines": True}), judge=second), tasks["remeasure"])
+    report = timed_once(config.model_copy(update={"remeasure_baselines": True}), second, tasks["remeasure"])
     assert report.reference_source == "measured" and report.reference_spot_ms is None, "path: remeasure_baselines, the file is not read"
     after = StoredBaseline.model_validate_json(path.read_text())
     assert after.measured_at > before.measured_at and after.reference.median == report.reference.median
@@ -162,6 +168,6 @@ def test_remeasure_baselines_measures_and_overwrites(config: EvalConfig, tasks: 
 def test_a_corrupt_file_is_a_miss(config: EvalConfig, tasks: dict[str, TaskProgram], second: Judge) -> None:
     path = stored_file(config, tasks["corrupt"])
     path.write_text('{"format": 1, "key": "trunc')
-    report = timed(Evaluator(config, judge=second), tasks["corrupt"])
+    report = timed_once(config, second, tasks["corrupt"])
     assert report.reference_source == "measured" and report.reference_spot_ms is None, "path: corrupt file, a miss"
     assert StoredBaseline.model_validate_json(path.read_text()).reference.median == report.reference.median, "and rewritten whole"

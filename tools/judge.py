@@ -151,8 +151,12 @@ def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
 
 
 def warm_up(device: torch.device) -> None:
-    """The first use of cuBLAS and of each kernel costs seconds on a GPU; pay it while the runner
-    starts and compiles, not inside the first candidate's correctness stage."""
+    """The first use of cuBLAS and of each kernel costs seconds on a GPU, and scipy's statistics and
+    torch's flop counter take seconds to import; pay them while the runner starts and compiles, not
+    inside the first candidate's stages."""
+    import scipy.stats  # noqa: F401 - the speedup's interval
+    from torch.utils.flop_counter import flop_registry  # noqa: F401 - the roofline and the input source
+
     with torch.no_grad():
         a = torch.rand(256, 256, device=device)
         b = torch.randn(256, 256, device=device)

