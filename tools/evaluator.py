@@ -81,12 +81,9 @@ class Evaluator:
             return load, ""
         judged = job.model_copy(update={"stages": device_stages})
         with self.judge.lock:
-            reply, printed = self.worker.run_judged(self.judge, judged, self.config.timeout_s)
-            if self.worker.killed_from_outside(reply):
-                # Not the candidate's doing (the OOM killer, an operator): once more in a fresh runner.
-                self.worker.retries += 1
-                again, printed = self.worker.run(job, self.config.compile_timeout_s)
-                reply = again if again.failure is not None else self.worker.run_judged(self.judge, judged, self.config.timeout_s)[0]
+            reply, printed = self.worker.run_judged_with_retry(
+                self.judge, job, judged, self.config.timeout_s, self.config.compile_timeout_s
+            )
         if load is not None:
             reply = reply.model_copy(
                 update={

@@ -207,6 +207,23 @@ class Worker:
             reply, printed = self._run_once(job, timeout_s)
         return reply, printed
 
+    def run_judged_with_retry(
+        self, judge: Judge, load: EvalJob, judged: EvalJob, timeout_s: float, load_timeout_s: float
+    ) -> tuple[JobReply, str]:
+        """The device stages; a runner killed from outside during them (not by its candidate) gets
+        a fresh runner, which loads the candidate again, up to twice: a candidate that really
+        exhausts memory dies each time and is reported as OOM."""
+        reply, printed = self.run_judged(judge, judged, timeout_s)
+        for _ in range(2):
+            if not self.killed_from_outside(reply):
+                break
+            log.warning("worker_killed_retrying", pid=self.pid)
+            self.retries += 1
+            reply, printed = self.run(load, load_timeout_s)
+            if reply.failure is None:
+                reply, printed = self.run_judged(judge, judged, timeout_s)
+        return reply, printed
+
     @staticmethod
     def killed_from_outside(reply: JobReply) -> bool:
         """Ended by a SIGKILL nobody here sent (the OOM killer, an operator): worth one more try."""
