@@ -57,8 +57,6 @@ class RunnerLink:
     device: torch.device
     inputs: Arena | None = None
     outputs: Arena | None = None
-    models: int = 0
-    exchanges: int = 0
     closed: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
     """Time spent waiting on the runner, by request type (where a job's time goes)."""
@@ -74,7 +72,6 @@ class RunnerLink:
             raise RunnerGone(str(exc)) from None
         kind = type(message).__name__
         self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - started
-        self.exchanges += 1
         if isinstance(reply, Failed):
             if reply.state_changes:
                 raise _state_rejection(reply.state_changes, "while running")
