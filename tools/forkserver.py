@@ -58,7 +58,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Self
 
+import structlog
+
 from tools.sandbox import popen_logged
+
+log = structlog.get_logger()
 
 _STARTUP_TIMEOUT_S = 300.0
 """Importing torch took over 2 minutes on a 2-core machine under load (see tools.worker)."""
@@ -182,6 +186,7 @@ class ForkServer:
     def start(self) -> None:
         """Start the template and wait until its preloads are imported (restarts a dead one)."""
         self.close()
+        began = time.monotonic()
         log_path = self._template_log()
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [sys.executable, "-c", _BOOT, _ROOT, str(child_sock.fileno()), str(os.getpid()), *self.preload]
@@ -205,6 +210,7 @@ class ForkServer:
             output = _tail(log_path)
             self.close()
             raise ForkServerError(f"the fork server's template did not start ({why}); its output:\n{output}")
+        log.info("template_started", pid=self._proc.pid, seconds=round(time.monotonic() - began, 2), preload_seconds=ready.get("preload_s"))
 
     def _read(self, sock: socket.socket, proc: subprocess.Popen[bytes]) -> None:
         """The reader thread: exit statuses and spawn replies, until the template's socket closes."""
@@ -394,6 +400,7 @@ class _Template:
         self.ctrl = ctrl
         self.pid = os.getpid()
         self.sys_path = sys_path
+        started = time.perf_counter()
         try:
             for name in preload:
                 importlib.import_module(name)
@@ -416,7 +423,7 @@ class _Template:
         if refused:
             self._send(("ready", {"error": refused}))
             raise SystemExit(1)
-        self._send(("ready", {"threads": len(threads)}))
+        self._send(("ready", {"threads": len(threads), "preload_s": round(time.perf_counter() - started, 3)}))
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)

@@ -41,6 +41,7 @@ from tools.jobs import EvalJob, JobReply, Rejected, StageFailed
 from tools.programs import Program, import_source, source_hash
 from tools.remote import RunnerGone, RunnerLink
 from tools.results import EvalStatus, Stage, TimingReport
+from tools.startup import StartSteps
 from tools.timing import Timer
 from tools.timing_stage import Baseline, Calibration, calibrate, time_candidate
 from tools.worker_main import apply_tf32_policy, describe, die_with_parent
@@ -170,8 +171,8 @@ def warm_up(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def serve(conn: Connection, state: JudgeState) -> None:
-    conn.send("ready")
+def serve(conn: Connection, state: JudgeState, start_seconds: dict[str, float]) -> None:
+    conn.send(("ready", start_seconds))
     while True:
         try:
             job = conn.recv()
@@ -192,6 +193,7 @@ def main() -> None:
     parser.add_argument("--cores", default="", help="comma-separated CPU cores to run on")
     parser.add_argument("--parent-pid", type=int, default=0, help="end when this process ends")
     args = parser.parse_args()
+    steps = StartSteps()
     # No process of the same user (a candidate's) may attach to this one or read its memory.
     not_dumpable()
     if args.parent_pid:
@@ -204,9 +206,12 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = False
+        torch.zeros(1, device=device)
+        steps.mark("cuda_context")
     warm_up(device)
+    steps.mark("warm_up")
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    serve(Connection(args.fd), JudgeState(device=device, workdir=Path.cwd()))
+    serve(Connection(args.fd), JudgeState(device=device, workdir=Path.cwd()), steps.seconds)
 
 
 if __name__ == "__main__":

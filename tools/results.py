@@ -181,6 +181,9 @@ class TimingReport(Frozen):
     judge_wall_ms: float | None = None
     """The judge's own clock per call (median), from handing over the inputs to the outputs being
     ready; the reported candidate times were checked against it."""
+    clock_attempts: int = 1
+    """Timings the clock check took: a timing whose round trips a burst of load stretched is timed
+    again after the harness's overhead is measured anew; the figures are the passing timing's."""
     reference_source: Literal["measured", "cached"] = "measured"
     """Where the reference's timings came from: timed in full by this worker, or read from the
     baseline cache after a spot check in this worker agreed with them (see tools/baseline_cache.py)."""

@@ -162,7 +162,8 @@ class Worker:
         self.pid = self.proc.pid
         self.starts += 1
         started = time.monotonic()
-        if not self.conn.poll(_STARTUP_TIMEOUT_S) or self._recv_or_none() != "ready":
+        ready = self._recv_or_none() if self.conn.poll(_STARTUP_TIMEOUT_S) else None
+        if not (isinstance(ready, tuple) and ready[0] == "ready"):
             detail = sandbox.tail(self.log_path)
             killed = self.proc.poll() == -signal.SIGKILL
             self.close()
@@ -173,7 +174,10 @@ class Worker:
                 return self.start(_retry=True)
             raise WorkerStartError(f"the evaluation worker did not start; its output:\n{detail}")
         self.last_start_s = time.monotonic() - started
-        log.info("worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=round(self.last_start_s, 2))
+        # The runner's own account of its start (its word only: for the log, never for a verdict).
+        steps = ready[1] if isinstance(ready[1], dict) else {}
+        seconds = round(self.last_start_s, 2)
+        log.info("worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=seconds, runner_steps=steps)
 
     def _recv_or_none(self) -> object:
         assert self.conn is not None
@@ -429,11 +433,12 @@ class Judge:
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
         self.starts += 1
-        if not self.conn.poll(_STARTUP_TIMEOUT_S) or _recv_or_none(self.conn) != "ready":
+        ready = _recv_or_none(self.conn) if self.conn.poll(_STARTUP_TIMEOUT_S) else None
+        if not (isinstance(ready, tuple) and ready[0] == "ready"):
             detail = self.log_tail()
             self._stop()
             raise WorkerStartError(f"the judge process did not start; its output:\n{detail}")
-        log.info("judge_started", pid=self.proc.pid, device=self.device)
+        log.info("judge_started", pid=self.proc.pid, device=self.device, seconds=ready[1])
 
     def submit(self, job: EvalJob, runner_end: socket.socket) -> Connection:
         """Send a job and the runner's socket; the reply comes on the returned connection."""

@@ -58,6 +58,7 @@ from tools.output_guards import output_problem
 from tools.profiling import profile_forward
 from tools.programs import Program, import_source, source_hash, tensors_of
 from tools.results import CompileReport, EvalStatus, Stage
+from tools.startup import StartSteps
 from tools.timing import Timer
 
 REFUSED = "refused by the evaluator"
@@ -320,8 +321,8 @@ def _answer(state: WorkerState, request: object) -> object:
     raise ValueError(f"unknown request {type(request).__name__}")
 
 
-def serve(conn: Connection, judge: Connection, state: WorkerState, cpu_seconds_per_job: float) -> None:
-    conn.send("ready")
+def serve(conn: Connection, judge: Connection, state: WorkerState, cpu_seconds_per_job: float, start_seconds: dict[str, float]) -> None:
+    conn.send(("ready", start_seconds))
     sources = [conn, judge]
     while True:
         ready = wait(sources)
@@ -401,6 +402,7 @@ def main() -> None:
     parser.add_argument("--cores", default="", help="comma-separated CPU cores to run on")
     parser.add_argument("--parent-pid", type=int, default=0, help="end when this process ends")
     args = parser.parse_args()
+    steps = StartSteps()
     if args.parent_pid:
         die_with_parent(args.parent_pid)
     if args.cores:
@@ -416,7 +418,10 @@ def main() -> None:
         torch.cuda.set_device(device)
         # Event timing of a candidate's kernels must not include cuBLAS/cuDNN autotuning noise.
         torch.backends.cudnn.benchmark = False
+        torch.zeros(1, device=device)
+        steps.mark("cuda_context")
         warm_profiler(device)
+        steps.mark("profiler_warm")
     cache = CompileCache(Path(args.cache_dir))
     cache.install()
     if device.type == "cuda":
@@ -424,8 +429,9 @@ def main() -> None:
     workdir = Path.cwd()
     pinned = audit.snapshot()
     isolation = isolate(workdir, Path(args.cache_dir))
+    steps.mark("isolate")
     state = WorkerState(device=device, workdir=workdir, cache=cache, pinned=pinned, isolation=isolation)
-    serve(conn, judge, state, args.cpu_seconds_per_job)
+    serve(conn, judge, state, args.cpu_seconds_per_job, steps.seconds)
 
 
 if __name__ == "__main__":

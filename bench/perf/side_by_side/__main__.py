@@ -59,7 +59,14 @@ CASES: dict[str, list[tuple[str, Path | None, Path]]] = {
 }
 
 OURS = """
-import json, sys
+import json, sys, time
+T0 = time.time()
+import structlog
+EVENTS = []
+def keep(_, name, event):
+    EVENTS.append({"at_s": round(time.time() - T0, 2), **{k: v for k, v in event.items() if k not in ("timestamp", "level")}})
+    raise structlog.DropEvent
+structlog.configure(processors=[keep])
 from pathlib import Path
 from tools.config import EvalConfig
 from tools.evaluator import Evaluator
@@ -72,7 +79,9 @@ with Evaluator(config) as ev:
     log = Path(judge.log_path).read_text() if judge is not None and judge.log_path else ""
 print("RESULT " + json.dumps({"status": r.status.value if r.status else None, "speedup": r.timing.speedup if r.timing else None,
       "message": r.message[:300], "stages": r.stage_seconds,
-      "judge_log": [ln for ln in log.splitlines() if "judged" in ln or "correctness_phases" in ln]}))
+      "judge_log": [ln for ln in log.splitlines() if "judged" in ln or "correctness_phases" in ln],
+      "timeline": [e for e in EVENTS if e.get("event") in ("template_started", "worker_started", "judge_started", "evaluated")]
+                  + [{"at_s": round(time.time() - T0, 2), "event": "done"}]}, default=str))
 """
 
 KERNELBENCH = """
@@ -101,6 +110,8 @@ class Run:
     message: str
     stages: dict[str, float]
     judge_log: tuple[str, ...] = ()
+    timeline: tuple[dict[str, object], ...] = ()
+    """Seconds since the evaluating process began, at each start-up and stage event (ours only)."""
 
 
 def run_side(side: str, code: str, args: list[str], pythonpath: Path) -> tuple[float, dict[str, object]]:
@@ -155,9 +166,12 @@ def main() -> None:
                         message=str(out.get("message", "")),
                         stages=dict(stages) if isinstance(stages, dict) else {},
                         judge_log=tuple(str(line) for line in out.get("judge_log") or ()),  # type: ignore[attr-defined]  # a list from the child's JSON
+                        timeline=tuple(out.get("timeline") or ()),  # type: ignore[arg-type]
                     )
                     runs.append(run)
                     console.print(f"{name} {side} {label}: {wall:.1f} s, {run.status}, speedup {run.speedup}")
+                    for event in run.timeline:
+                        console.print(f"    {event}", highlight=False)
     table = Table(title=f"one evaluation in a fresh process, {args.device}: wall seconds")
     for column in ("task", "cache", *sides, *(f"ours / {s}" for s in sides if s != "ours")):
         table.add_column(column, justify="left" if column in ("task", "cache") else "right")
