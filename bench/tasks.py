@@ -95,8 +95,15 @@ def load_task_file(path: Path, level: int) -> Task:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"cannot read task file {path}: {exc}") from exc
+    return task_from_source(source, name=path.stem, level=level, path=path)
+
+
+def task_from_source(source: str, name: str, level: int = 1, path: Path | None = None) -> Task:
+    """A task from its program text (a file's, or one sent to `refinery serve`), with the checks
+    of `load_task_file`; `path` names it in errors and defaults to `<name>`."""
+    path = Path(path) if path is not None else Path(f"<{name}>")
     module = _parse(source, path)
-    missing = [name for name in REQUIRED_NAMES if name not in _module_definitions(module)]
+    missing = [required for required in REQUIRED_NAMES if required not in _module_definitions(module)]
     if missing:
         raise SuiteError(
             f"{path} is not a KernelBench task: it has no module-level {', '.join(missing)}; "
@@ -106,7 +113,7 @@ def load_task_file(path: Path, level: int) -> Task:
     statement, sizes = _declared_sizes(module, path)
     if statement is not None:
         _check_names(sizes, _module_assignments(module), path)
-    return Task(name=path.stem, level=level, path=path, source=source)
+    return Task(name=name, level=level, path=path, source=source)
 
 
 def load_suite(
