@@ -173,7 +173,8 @@ def call_model(
         ) from None
     assert isinstance(message, AIMessage)
     usage: Mapping[str, Any] = message.usage_metadata or {}
-    tokens = TokenUsage(prompt=int(usage.get("input_tokens", 0)), completion=int(usage.get("output_tokens", 0)))
+    cached = (usage.get("input_token_details") or {}).get("cache_read") or 0
+    tokens = TokenUsage(prompt=int(usage.get("input_tokens", 0)), completion=int(usage.get("output_tokens", 0)), prompt_cached=int(cached))
     text = (
         message.content
         if isinstance(message.content, str)

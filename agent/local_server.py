@@ -32,6 +32,8 @@ from agent.local_weights import default_cache_dir, ensure_model_file
 log = structlog.get_logger()
 
 N_CTX = 8192
+PROMPT_CACHE_BYTES = 1 << 30
+"""About 25 saved prompt states of the 1.5B model (28 KB of KV cache per token, ~1,500 tokens each)."""
 _LOG_LIMIT = 8 * 1024 * 1024  # each start appends ~10 KB (the chat template); start afresh past this
 # What `python -m llama_cpp.server` imports: llama-cpp-python and its [server] extra.
 _SERVER_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
@@ -131,13 +133,18 @@ class LocalServer:
         model_path = ensure_model_file(self.name, self.cache_dir)
         self.port = self.port or _free_port()
         cmd = [
-            sys.executable, "-m", "llama_cpp.server",
+            # llama_cpp.server, whose replies also count the prompt tokens read from the KV cache.
+            sys.executable, "-m", "agent.local_server_main",
             "--model", str(model_path), "--model_alias", self.name,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads),
             # The server's default keeps logits for every prompt token: an n_ctx x 152k float array, the
             # output layer run on the whole prompt, and a list copy of it per request. Only logprobs need it.
             "--logits_all", "false",
+            # Every prompt of a run starts with the same system message, example and hardware block.
+            # llama.cpp reuses the previous prompt's KV cache up to the first differing token; this RAM
+            # cache also keeps earlier prompts' states, for trajectories that take turns at the server.
+            "--cache", "true", "--cache_type", "ram", "--cache_size", str(PROMPT_CACHE_BYTES),
         ]  # fmt: skip
         started = time.monotonic()
         # Appending keeps the previous run's log; the error tail reads from where this run starts.

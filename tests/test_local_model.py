@@ -406,6 +406,15 @@ def test_real_model_smoke() -> None:
         assert isinstance(reply.content, str) and reply.content.strip()
         usage = reply.usage_metadata
         assert usage is not None and usage["input_tokens"] > 0 and 0 < usage["output_tokens"] <= 64
+        # Prefix reuse: a second prompt that starts like the first evaluates only what differs,
+        # as the server counts it (usage.prompt_tokens_details.cached_tokens).
+        shared = "You write small, correct Python functions. " * 20
+        first = chat.invoke(shared + "Write add(a, b).").usage_metadata
+        second = chat.invoke(shared + "Write sub(a, b).").usage_metadata
+        assert first is not None and second is not None
+        cached = second.get("input_token_details", {}).get("cache_read", 0)
+        assert cached >= first["input_tokens"] - 10, (first, second)
+        assert second["input_tokens"] - cached < 20, "only the differing end of the prompt was evaluated"
         raise Boom
 
     assert server.pid is None

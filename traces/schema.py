@@ -8,6 +8,7 @@ Version history (readers migrate every older version through `_MIGRATIONS`):
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import total_ordering
 from typing import Any
 
 import pydantic_core
@@ -29,17 +30,38 @@ class TokenUsage(BaseModel):
     model_config = ConfigDict(frozen=True)
     prompt: int = 0
     completion: int = 0
+    prompt_cached: int = 0
+    """Prompt tokens the server read from its cache of an earlier prompt's prefix rather than
+    evaluating them (OpenAI's `cached_tokens`; 0 where the endpoint does not say)."""
 
     @property
     def total(self) -> int:
         return self.prompt + self.completion
 
+    @property
+    def prompt_processed(self) -> int:
+        """Prompt tokens the model evaluated: the prefill this call paid for."""
+        return self.prompt - self.prompt_cached
+
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(prompt=self.prompt + other.prompt, completion=self.completion + other.completion)
+        return TokenUsage(
+            prompt=self.prompt + other.prompt,
+            completion=self.completion + other.completion,
+            prompt_cached=self.prompt_cached + other.prompt_cached,
+        )
 
 
+TrajectoryKey = tuple[str, str, int, str, str]
+"""A trajectory's identity as a tuple: task, variant, sample, strategy, precision."""
+
+
+@total_ordering
 class TrajectoryId(BaseModel):
-    """Which trajectory a record belongs to; also its file name and checkpoint thread."""
+    """Which trajectory a record belongs to; also its file name and checkpoint thread.
+
+    The one key of a trajectory everywhere (results, traces, reports): hashable, and ordered by
+    task, variant, sample, strategy, precision.
+    """
 
     model_config = ConfigDict(frozen=True)
     task: str
@@ -49,6 +71,38 @@ class TrajectoryId(BaseModel):
     precision: str = "fp32"
     """fp32, fp16 or bf16 (records written before precisions were fp32): one run directory can hold
     the same task, variant and sample at two precisions, each with its own trace and checkpoint."""
+
+    @property
+    def key(self) -> TrajectoryKey:
+        return (self.task, self.variant, self.sample, self.strategy, self.precision)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, TrajectoryId):
+            return NotImplemented
+        return self.key < other.key
+
+    def without(self, *fields: str) -> tuple[str | int, ...]:
+        """The key less some of its fields, in order: what pairs trajectories that differ only in those."""
+        unknown = set(fields) - set(TrajectoryId.model_fields)
+        if unknown:
+            raise ValueError(f"a trajectory has no field {', '.join(sorted(unknown))}")
+        return tuple(getattr(self, name) for name in TrajectoryId.model_fields if name not in fields)
+
+    @property
+    def qualifier(self) -> str:
+        """What sets it apart beyond task, variant and sample: " (beam, bf16)"; "" for refine at fp32."""
+        parts = [p for p in (self.strategy != "refine" and self.strategy, self.precision != "fp32" and self.precision) if p]
+        return f" ({', '.join(parts)})" if parts else ""
+
+    @property
+    def label(self) -> str:
+        """For people: "level1/relu · G+E · sample 0 (beam, bf16)"."""
+        return f"{self.task} · {self.variant} · sample {self.sample}{self.qualifier}"
+
+    @property
+    def flags(self) -> str:
+        """The `refinery traces show` options that pick exactly this trajectory of its task."""
+        return f"--variant {self.variant} --sample {self.sample} --strategy {self.strategy} --precision {self.precision}"
 
     @property
     def slug(self) -> str:
