@@ -56,6 +56,16 @@ class Evaluator:
         if self.owns_judge:
             self.judge.close()
 
+    def with_config(self, config: EvalConfig) -> Evaluator:
+        """This evaluator's worker and judge judging with other settings (trials, precision,
+        tolerance, ...), e.g. one request's to `refinery serve`. What the worker was started with
+        stays its own: the device, cache, memory limit and threads must match. Close only the original."""
+        fixed = ("device", "cache_dir", "memory_limit_gb", "cpu_threads")
+        differing = [name for name in fixed if getattr(config, name) != getattr(self.config, name)]
+        if differing:
+            raise ValueError(f"with_config: {', '.join(differing)} are fixed when the worker starts; use another Evaluator")
+        return Evaluator(config, worker=self.worker, judge=self.judge)  # a judge given is not owned: closing the view leaves it
+
     @property
     def _setting(self) -> dict[str, object]:
         """What every result records of how it was judged."""

@@ -136,12 +136,17 @@ class EvaluatorPool:
         loaded = self._affinity.get(key)
         return self.slots[loaded].device if loaded is not None else min(self.devices, key=lambda d: d.busy_s)
 
-    def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
+    def _evaluator(self, index: int, config: EvalConfig | None) -> Evaluator:
+        evaluator = self.slots[index].evaluator
+        return evaluator if config is None else evaluator.with_config(config)
+
+    def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage], config: EvalConfig | None = None) -> EvalResult:
+        """`config`: other settings for this candidate than the pool's (see Evaluator.with_config)."""
         key = source_hash(task.source + "\0" + candidate)
         if not any(s in _DEVICE_STAGES for s in stages):
             index = self._acquire(key, None)
             try:
-                return self.slots[index].evaluator.run(task, candidate, stages)
+                return self._evaluator(index, config).run(task, candidate, stages)
             finally:
                 self._release(index, key)
         device = self._device_for(key)
@@ -149,7 +154,7 @@ class EvaluatorPool:
             index = self._acquire(key, device)
             try:
                 started = time.monotonic()
-                result = self.slots[index].evaluator.run(task, candidate, stages)
+                result = self._evaluator(index, config).run(task, candidate, stages)
                 device.busy_s += time.monotonic() - started
                 device.timing_s += result.stage_seconds.get(Stage.TIMING.value, 0.0)
             finally:
@@ -165,11 +170,11 @@ class EvaluatorPool:
             device.busy_s += time.monotonic() - started
         return result
 
-    def evaluate(self, task: TaskProgram, candidate: str) -> EvalResult:
-        result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE))
+    def evaluate(self, task: TaskProgram, candidate: str, config: EvalConfig | None = None) -> EvalResult:
+        result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE), config)
         if result.status is not None:
             return result
-        return result.merge(self.run(task, candidate, _DEVICE_STAGES))
+        return result.merge(self.run(task, candidate, _DEVICE_STAGES, config))
 
     def busy_fraction(self) -> float:
         """Share of wall time since the pool started that its devices spent running candidates."""
