@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 import torch
 
+from tools.aten_ops import OpRecorder
 from tools.baseline_cache import store_for
 from tools.config import EvalConfig
 from tools.confine import not_dumpable
@@ -158,6 +159,8 @@ def warm_up(device: torch.device) -> None:
     import scipy.stats  # noqa: F401 - the speedup's interval
     from torch.utils.flop_counter import flop_registry  # noqa: F401 - the roofline and the input source
 
+    with torch.no_grad(), OpRecorder():  # its first use imports torch._dynamo: most of a second
+        torch.zeros(1)
     with torch.no_grad():
         a = torch.rand(256, 256, device=device)
         b = torch.randn(256, 256, device=device)

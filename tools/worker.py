@@ -188,7 +188,10 @@ class Worker:
         if self.use_template and (self._forkserver is None or not self._forkserver.alive):
             home = Path(tempfile.mkdtemp(prefix="refinery-template-"))
             env = {**self._env(), "HOME": str(home), "TMPDIR": str(home)}
-            self._forkserver = ForkServer(env=env, cwd=home, preload=("torch", "tools.worker_main"), log_path=home / "template.log")
+            # torch._dynamo: the first TorchDispatchMode (the op recorder of the first correctness
+            # call) imports it, most of a second; imported here, every runner has it already.
+            preload = ("torch", "torch._dynamo", "tools.worker_main")
+            self._forkserver = ForkServer(env=env, cwd=home, preload=preload, log_path=home / "template.log")
             try:
                 self._forkserver.start()
             except ForkServerError as exc:
