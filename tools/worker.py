@@ -32,6 +32,7 @@ from tools.faults import cuda_fault_in
 from tools.forkserver import ForkedChild, ForkServer, ForkServerError
 from tools.jobs import EvalJob, JobReply
 from tools.results import EvalStatus
+from tools.startup import started_at
 
 log = structlog.get_logger()
 
@@ -151,10 +152,10 @@ class Worker:
             # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
             cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
             self.proc = template.spawn(
-                "tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=self._env(), pass_fds=fds
+                "tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env={**self._env(), **started_at()}, pass_fds=fds
             )
         else:
-            self.proc = sandbox.popen_logged(cmd, self.workdir, self._env(), self.log_path, fds)
+            self.proc = sandbox.popen_logged(cmd, self.workdir, {**self._env(), **started_at()}, self.log_path, fds)
         child_sock.close()
         judge_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
@@ -431,6 +432,7 @@ class Judge:
         }
         if self.gpu_index is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        env.update(started_at())
         self.proc = sandbox.popen_logged(cmd, self.workdir, sandbox.scrubbed_env(**env), self.log_path, (child_sock.fileno(),))
         child_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
