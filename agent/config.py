@@ -110,11 +110,11 @@ def check_temperature(strategy: str, search: SearchSettings, llm: ModelSettings,
     if llm.temperature > 0 or llm.model.startswith("scripted"):
         return
     if strategy == "best-of-n" and search.n > 1:
-        raise ValueError(f"best-of-n with n = {search.n} needs temperature above 0 (--temperature or llm.temperature, e.g. 0.7)")
+        raise ValueError(f"best-of-n with n = {search.n} needs temperature above 0 (--set llm.temperature=0.7)")
     if samples > 1:
         raise ValueError(
             f"samples = {samples} needs temperature above 0 (independent samples at temperature 0 are all the same); "
-            "set --temperature or llm.temperature, e.g. 0.7"
+            "set llm.temperature, e.g. --set llm.temperature=0.7"
         )
 
 

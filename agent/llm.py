@@ -66,9 +66,9 @@ class ModelUnreachable(ModelCallError):
         said = next((text for cls, text in what.items() if isinstance(error, cls)), f"failed ({type(error).__name__})")
         detail = getattr(error, "message", None) or str(error)
         advice = (
-            "wait and retry, or lower --concurrency"
+            "wait and retry, or lower the concurrency (--set concurrency=N)"
             if isinstance(error, openai.RateLimitError)
-            else "check --base-url and that the server is running and reachable from here"
+            else "check the endpoint (--set llm.base_url=URL) and that the server is running and reachable from here"
         )
         retries = attempts - 1
         super().__init__(
@@ -102,7 +102,7 @@ def build_chat_model(settings: ModelSettings, base_url: str | None = None) -> Ba
     key = api_key(settings)
     if key is None and url is None:
         raise ModelCallError(
-            f"no API key: set {settings.api_key_env} (or pass --api-key-env NAME), or use --base-url for a "
+            f"no API key: set {settings.api_key_env} (or name another with --set llm.api_key_env=NAME), or use --set llm.base_url=URL for a "
             "local OpenAI-compatible server, or --model local for the embedded model"
         )
     cls = ChatOpenAI
@@ -168,7 +168,7 @@ def call_model(
         raise ModelCallError(
             f"the model endpoint {endpoint_url(model, settings)} refused the request (HTTP {status}, {type(exc).__name__}): "
             f"{exc.message if hasattr(exc, 'message') else exc}. "
-            f"Check the model name ({settings.model}), --base-url and the API key variable ({settings.api_key_env}); "
+            f"Check the model name ({settings.model}), the endpoint (llm.base_url) and the API key variable ({settings.api_key_env}); "
             "retrying will not help."
         ) from None
     assert isinstance(message, AIMessage)

@@ -18,7 +18,7 @@ EMBEDDED = ("local", "local-0.5b")
 def open_chat_model(settings: ModelSettings, threads: int | None = None) -> Iterator[BaseChatModel]:
     """The model for the run's span; the embedded server is started and stopped around it.
 
-    `--model local --base-url URL` reuses a server from `refinery serve-local` instead of starting one.
+    `--model local --set llm.base_url=URL` reuses a server from `refinery serve-local` instead of starting one.
     """
     if settings.model.startswith("scripted:"):
         from agent.scripted import load_script

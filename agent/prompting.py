@@ -190,7 +190,7 @@ def idea_messages(
 class PromptFrame:
     """What every prompt of a run states besides the task and its history, read from the config in
     one place: the backend, the feedback variant, the precision, the tolerance in force (an explicit
-    `--tolerance`, else the precision's default) and the hardware block, if the loop shows it."""
+    `eval.tolerance`, else the precision's default) and the hardware block, if the loop shows it."""
 
     backend: str
     variant: Variant

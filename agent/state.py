@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tools.results import EvalResult
 from traces.schema import TokenUsage, TraceMessage
-from traces.verdict import Verdict
+from traces.verdict import Verdict, best
 
 
 class Outcome(str, Enum):
@@ -63,15 +63,21 @@ class Attempt(BaseModel):
     def verdict(self) -> Verdict:
         return Verdict.of(self.code, self.result)
 
+    @property
+    def status(self) -> Verdict:
+        """The verdict, under the name traces.verdict.best reads."""
+        return self.verdict
+
     def reaches(self, target_speedup: float) -> bool:
         """The target check of every strategy: correct, and at least this fast."""
         return self.correct and (self.speedup or 0.0) >= target_speedup
 
 
 def best_attempt(attempts: list[Attempt]) -> Attempt | None:
-    """The fastest correct attempt; ties go to the earliest."""
-    correct = [a for a in attempts if a.correct]
-    return max(correct, key=lambda a: (a.speedup or 0.0, -a.turn)) if correct else None
+    """The fastest correct attempt (traces.verdict.best); ties go to the earliest turn."""
+    # A stable sort by turn: best-of-n's samples each start again at turn 1.
+    found = best(sorted(attempts, key=lambda a: a.turn))
+    return found if found is not None and found.correct else None
 
 
 class TreePlace(BaseModel):

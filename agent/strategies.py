@@ -33,6 +33,7 @@ from agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
 from agent.state import Attempt, TaskSpec, TreePlace, TurnInput
 from traces.schema import TokenUsage, TrajectoryId
 from traces.store import trace_path
+from traces.verdict import Verdict, merit
 
 log = structlog.get_logger()
 
@@ -138,18 +139,21 @@ class BeamNode:
     idea: str | None
     attempt: Attempt
 
+    @property
+    def status(self) -> Verdict:
+        return self.attempt.verdict
 
-def rank_key(node: BeamNode) -> tuple[bool, float, int]:
-    """Correct before not, then faster, then the failure closest to correct (the verdict's rank)."""
-    a = node.attempt
-    return (a.correct, a.speedup or 0.0, a.verdict.rank)
+    @property
+    def speedup(self) -> float | None:
+        return self.attempt.speedup
 
 
 def select_seeds(nodes: list[BeamNode], width: int) -> list[BeamNode]:
     """The `width` best kernels so far (parents stay in the pool, so a round that finds nothing
-    better does not lose the best); ties go to the earliest node."""
+    better does not lose the best); ties go to the earliest node. Ranked by traces.verdict.merit,
+    the order `best` picks by."""
     with_code = [n for n in nodes if n.attempt.code is not None]
-    order = sorted(range(len(with_code)), key=lambda i: (rank_key(with_code[i]), -i), reverse=True)
+    order = sorted(range(len(with_code)), key=lambda i: (merit(with_code[i]), -i), reverse=True)
     return [with_code[i] for i in order[:width]]
 
 

@@ -7,7 +7,7 @@ REFINERY_DEBUG=1 shows its traceback instead. Any other exception is a bug and k
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import sys
 import uuid
@@ -21,9 +21,9 @@ from typer.core import TyperGroup
 
 from agent.config import RunConfig
 from bench.logs import configure_logging
-from bench.settings import describe_validation, load_settings
+from bench.settings import EvalSettings, describe_validation, load_settings, parse_overrides
 from bench.tasks import SuiteError
-from tools.config import PRECISION_DTYPES, EvalConfig
+from tools.config import EvalConfig
 from traces.cli import traces_app
 from traces.errors import ConfigError, InputFileError, UserError
 from traces.schema import UnknownSchemaVersion
@@ -72,52 +72,17 @@ def main_options(
 
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda")]
-RoundsOpt = Annotated[int | None, typer.Option("--rounds", help="beam: rounds (default 3)")]
-IdeasOpt = Annotated[int | None, typer.Option("--ideas", help="beam: ideas K per seed kernel and round (default 3)")]
-WidthOpt = Annotated[int | None, typer.Option("--beam-width", help="beam: the W best kernels seed the next round (default 2)")]
-EvalsOpt = Annotated[int | None, typer.Option("--budget-evals", help="at most this many candidate evaluations per task")]
-TokensOpt = Annotated[int | None, typer.Option("--budget-tokens", help="no model call starts past this many tokens per task")]
 PrecisionOpt = Annotated[
     str | None,
     typer.Option("--precision", help="fp32 (default), fp16 or bf16: inputs, parameters and buffers of both models are cast to it"),
 ]
-ToleranceOpt = Annotated[
-    str | None, typer.Option("--tolerance", help="atol = rtol for every dtype (default: fp32 1e-4, fp16/bf16 1e-2), e.g. 1e-2")
-]
-TF32Opt = Annotated[bool, typer.Option("--allow-tf32", help="allow TF32 in fp32 matmul and convolution (off by default)")]
 
 
-def precision_settings(precision: str | None = None, tolerance: str | None = None, allow_tf32: bool = False) -> dict[str, object]:
-    """The EvalConfig fields that --precision, --tolerance and --allow-tf32 set (only those given)."""
-    out: dict[str, object] = {}
-    if precision is not None:
-        if precision not in PRECISION_DTYPES:
-            raise ConfigError(
-                f"--precision must be {', '.join(list(PRECISION_DTYPES)[:-1])} or {list(PRECISION_DTYPES)[-1]}, not {precision!r}"
-            )
-        out["precision"] = precision
-    if tolerance is not None:
-        try:
-            value = float(tolerance)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--tolerance must be a positive number (atol = rtol), e.g. 1e-2; not {tolerance!r}")
-        out["tolerance"] = value
-    if allow_tf32:
-        out["allow_tf32"] = True
-    return out
-
-
-def _eval_config(device: str, backend: str | None = None, /, **overrides: object) -> EvalConfig:
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
-    if backend not in (None, "cpp", "cuda", "triton"):
-        raise ConfigError(f"--backend must be cpp, cuda or triton, not {backend!r}")
+def _eval_config(device: str, /, **overrides: object) -> EvalConfig:
     try:
-        return EvalConfig(device=device, backend=backend, **overrides)
+        return EvalConfig(device=device, **overrides)  # checked by the model: a bad device is named below
     except ValidationError as exc:
-        raise ConfigError(f"evaluator settings: {describe_validation(exc)}") from exc
+        raise ConfigError(f"evaluator settings: {describe_validation(exc, {'device': '--device'})}") from exc
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -150,31 +115,36 @@ def check_model(model: str) -> None:
 def eval_command(
     task_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="KernelBench-format reference program")],
     candidate_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="module defining ModelNew")],
-    device: DeviceOpt = "cpu",
-    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-    trials: Annotated[int, typer.Option(help="timed calls of each side")] = 100,
-    correctness_trials: Annotated[int, typer.Option(help="trials with fresh inputs and weights")] = 5,
-    compiled_baseline: Annotated[bool, typer.Option(help="also time torch.compile of the reference")] = True,
+    config_file: ConfigOpt = None,
+    overrides: SetOpt = None,
+    device: OptDeviceOpt = None,
+    backend: BackendOpt = None,
     precision: PrecisionOpt = None,
-    tolerance: ToleranceOpt = None,
-    allow_tf32: TF32Opt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Evaluate one candidate against its reference: static check, compile, correctness, timing, profile."""
+    """Evaluate one candidate against its reference: static check, compile, correctness, timing, profile.
+    Settings: the eval table of --config, then --set eval.KEY=VALUE (e.g. eval.trials=50, eval.tolerance=1e-2)."""
     from bench.tasks import load_task_file
     from tools.evaluator import Evaluator
     from tools.jobs import TaskProgram
 
     configure_logging(quiet=as_json)
-    numerics = precision_settings(precision, tolerance, allow_tf32)
+    flags = {**given_flags(device=device, backend=backend, precision=precision), **parse_overrides(overrides or [])}
+    settings, _ = load_settings(EvalSettings, config_file, flags)
+    config = settings.eval
+    device = config.device
     task = load_task_file(task_file, level=_level_of(task_file))
     candidate = _read_text(candidate_file, "candidate file")
-    config = _eval_config(
-        device, trials=trials, correctness_trials=correctness_trials, time_compiled_reference=compiled_baseline, **numerics
-    )
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for(device)), candidate)
     if as_json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        from bench.provenance import collect_manifest
+
+        # The result's own fields stay at the top (readers of earlier output keep working); the
+        # manifest says where and how it was measured.
+        manifest = collect_manifest(config, [(task.key, task_file)])
+        payload = {**json.loads(result.model_dump_json()), "manifest": manifest.model_dump(mode="json")}
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     else:
         from bench.render import print_result
 
@@ -184,30 +154,14 @@ def eval_command(
 
 FLAG_KEYS = {
     "model": "llm.model",
-    "base_url": "llm.base_url",
-    "api_key_env": "llm.api_key_env",
-    "temperature": "llm.temperature",
-    "max_tokens": "llm.max_tokens",
-    "retries": "llm.retries",
     "variant": "loop.variant",
     "turns": "loop.turns",
-    "target_speedup": "loop.target_speedup",
-    "hardware_prompt": "loop.hardware_prompt",
     "device": "eval.device",
     "backend": "eval.backend",
-    "trials": "eval.trials",
     "precision": "eval.precision",
-    "tolerance": "eval.tolerance",
-    "allow_tf32": "eval.allow_tf32",
-    "n": "search.n",
-    "rounds": "search.rounds",
-    "ideas": "search.ideas",
-    "beam_width": "search.beam_width",
-    "budget_evals": "search.budget_evals",
-    "budget_tokens": "search.budget_tokens",
 }
-"""The config key each flag of `run` and `experiment` sets; any other flag sets the key of its own
-name (--strategy, --suite, --workers, ...)."""
+"""The config key each everyday flag of `run`, `experiment` and `eval` sets; any other flag sets the
+key of its own name (--strategy, --suite, ...). Every other setting: --set KEY=VALUE."""
 
 
 def given_flags(**values: object) -> dict[str, tuple[str, object]]:
@@ -216,19 +170,17 @@ def given_flags(**values: object) -> dict[str, tuple[str, object]]:
 
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", exists=True, dir_okay=False, help="TOML settings; flags given override them")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="any setting by its config key, over --config and the flags; repeatable. "
+        "E.g. --set loop.target_speedup=1.5 --set llm.base_url=http://host/v1 --set eval.tolerance=1e-2",
+    ),
+]
 ModelOpt = Annotated[str | None, typer.Option(help="model name; 'local' (embedded, default), 'local-0.5b' or 'scripted:FILE'")]
-BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint")]
-KeyEnvOpt = Annotated[str | None, typer.Option(help="environment variable holding the API key (default OPENAI_API_KEY)")]
-TemperatureOpt = Annotated[float | None, typer.Option(help="sampling temperature (default 0)")]
-MaxTokensOpt = Annotated[int | None, typer.Option(help="longest reply in tokens (default 4096)")]
-RetriesOpt = Annotated[
-    int | None, typer.Option(min=1, help="attempts per model call on rate limits, timeouts, dropped connections and 5xx (default 6)")
-]
 TurnsOpt = Annotated[int | None, typer.Option(help="turn budget (default 10)")]
-TargetOpt = Annotated[float | None, typer.Option(help="stop once a correct kernel is this fast (default 1.0)")]
-HardwareOpt = Annotated[
-    bool | None, typer.Option("--hardware-prompt/--no-hardware-prompt", help="describe the device in the prompt (default on)")
-]
 BackendOpt = Annotated[str | None, typer.Option(help="cpp, cuda or triton; default: the device's")]
 OptDeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu (default) or cuda")]
 
@@ -237,58 +189,23 @@ OptDeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu (default
 def run_command(
     task_file: Annotated[Path, typer.Option("--task", exists=True, dir_okay=False, help="a task file of a suite")],
     config_file: ConfigOpt = None,
+    overrides: SetOpt = None,
     variant: Annotated[str | None, typer.Option(help="feedback: G, G+E, G+E+P (default; +N on CUDA with ncu)")] = None,
     turns: TurnsOpt = None,
-    device: OptDeviceOpt = None,
-    backend: BackendOpt = None,
+    strategy: Annotated[str | None, typer.Option(help="refine (default), best-of-n or beam")] = None,
     model: ModelOpt = None,
-    base_url: BaseUrlOpt = None,
-    api_key_env: KeyEnvOpt = None,
-    temperature: TemperatureOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    retries: RetriesOpt = None,
-    target_speedup: TargetOpt = None,
-    hardware_prompt: HardwareOpt = None,
+    device: OptDeviceOpt = None,
+    precision: PrecisionOpt = None,
     run_dir: Annotated[Path | None, typer.Option(help="where traces and checkpoints go")] = None,
     resume: Annotated[bool, typer.Option(help="continue this run directory's trajectory")] = False,
-    strategy: Annotated[str | None, typer.Option(help="refine (default), best-of-n or beam")] = None,
-    n: Annotated[int | None, typer.Option("--n", "--samples", help="best-of-n: independent trajectories (default 4)")] = None,
-    rounds: RoundsOpt = None,
-    ideas: IdeasOpt = None,
-    beam_width: WidthOpt = None,
-    budget_evals: EvalsOpt = None,
-    budget_tokens: TokensOpt = None,
-    precision: PrecisionOpt = None,
-    tolerance: ToleranceOpt = None,
-    allow_tf32: TF32Opt = False,
 ) -> None:
     """One task with one strategy (default: one refinement trajectory), printing each verdict as it happens."""
     from bench.launch import launch_run
     from bench.tasks import load_task_file
 
     configure_logging()
-    flags = given_flags(
-        variant=variant,
-        turns=turns,
-        device=device,
-        backend=backend,
-        model=model,
-        base_url=base_url,
-        api_key_env=api_key_env,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        retries=retries,
-        target_speedup=target_speedup,
-        hardware_prompt=hardware_prompt,
-        strategy=strategy,
-        n=n,
-        rounds=rounds,
-        ideas=ideas,
-        beam_width=beam_width,
-        budget_evals=budget_evals,
-        budget_tokens=budget_tokens,
-        **precision_settings(precision, tolerance, allow_tf32),
-    )
+    flags = given_flags(variant=variant, turns=turns, strategy=strategy, model=model, device=device, precision=precision)
+    flags.update(parse_overrides(overrides or []))
     task = load_task_file(task_file, level=_level_of(task_file))
     config, file_run_dir = load_settings(RunConfig, config_file, flags)
     check_model(config.llm.model)
@@ -299,76 +216,29 @@ def run_command(
 @app.command("experiment")
 def experiment_command(
     config_file: ConfigOpt = None,
+    overrides: SetOpt = None,
     suite: Annotated[str | None, typer.Option(help="'builtin' or a KernelBench checkout's KernelBench/ folder")] = None,
     levels: Annotated[str | None, typer.Option(help="comma-separated, e.g. 1,2")] = None,
     tasks: Annotated[str | None, typer.Option(help="task name filter (substring or glob)")] = None,
     variants: Annotated[str | None, typer.Option(help="comma-separated, e.g. G,G+E,G+E+P")] = None,
     turns: TurnsOpt = None,
-    samples: Annotated[int | None, typer.Option(help="independent trajectories per task, variant and strategy")] = None,
-    strategies: Annotated[str | None, typer.Option(help="comma-separated: refine,best-of-n,beam")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="best-of-n: independent trajectories (default 4)")] = None,
-    rounds: RoundsOpt = None,
-    ideas: IdeasOpt = None,
-    beam_width: WidthOpt = None,
-    budget_evals: EvalsOpt = None,
-    budget_tokens: TokensOpt = None,
-    device: OptDeviceOpt = None,
-    backend: BackendOpt = None,
     model: ModelOpt = None,
-    base_url: BaseUrlOpt = None,
-    api_key_env: KeyEnvOpt = None,
-    temperature: TemperatureOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    retries: RetriesOpt = None,
-    target_speedup: TargetOpt = None,
-    hardware_prompt: HardwareOpt = None,
-    workers: Annotated[int | None, typer.Option(help="evaluation workers (default: per GPU / per core)")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="trajectories and LLM calls in flight")] = None,
-    executor: Annotated[str | None, typer.Option(help="local or ray")] = None,
-    trials: Annotated[int | None, typer.Option(help="timed calls of each side")] = None,
-    run_dir: Annotated[Path | None, typer.Option(help="re-running on an existing directory resumes it")] = None,
-    wide: Annotated[bool, typer.Option("--wide", help="the final table with every p, one line per row")] = False,
+    device: OptDeviceOpt = None,
     precision: Annotated[
         str | None, typer.Option("--precision", help="fp32 (default), fp16 or bf16; another precision may share a --run-dir")
     ] = None,
-    tolerance: ToleranceOpt = None,
-    allow_tf32: TF32Opt = False,
+    run_dir: Annotated[Path | None, typer.Option(help="re-running on an existing directory resumes it")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="the final table with every p, one line per row")] = False,
 ) -> None:
-    """Run suites × variants × samples in parallel, resumable, and print the fast_p table."""
+    """Run suites × variants × samples in parallel, resumable, and print the fast_p table.
+    Every other setting by its key: --set samples=3 --set strategies='["refine","beam"]' --set workers=2 --set eval.trials=50."""
     from bench.experiment import ExperimentConfig
     from bench.launch import launch
 
     configure_logging(quiet=True)
-    flags = given_flags(
-        suite=suite,
-        levels=_ints(levels),
-        tasks=tasks,
-        variants=_list(variants),
-        turns=turns,
-        samples=samples,
-        strategies=_list(strategies),
-        n=n,
-        rounds=rounds,
-        ideas=ideas,
-        beam_width=beam_width,
-        budget_evals=budget_evals,
-        budget_tokens=budget_tokens,
-        device=device,
-        backend=backend,
-        model=model,
-        base_url=base_url,
-        api_key_env=api_key_env,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        retries=retries,
-        target_speedup=target_speedup,
-        hardware_prompt=hardware_prompt,
-        workers=workers,
-        concurrency=concurrency,
-        executor=executor,
-        trials=trials,
-        **precision_settings(precision, tolerance, allow_tf32),
-    )
+    flags = given_flags(suite=suite, levels=_ints(levels), tasks=tasks, variants=_list(variants), turns=turns, model=model, device=device)
+    flags.update(given_flags(precision=precision))
+    flags.update(parse_overrides(overrides or []))
     config, file_run_dir = load_settings(ExperimentConfig, config_file, flags)
     check_model(config.llm.model)
     launch(config, run_dir or file_run_dir or Path(f"runs/experiment-{uuid.uuid4().hex[:6]}"), console, wide=wide)
@@ -406,6 +276,27 @@ def report_command(
     console.print(f"written: {run_dir / 'report.json'}", highlight=False)
 
 
+@app.command("reverify")
+def reverify_command(
+    run_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="a run directory (its traces/ and config.json are read)")],
+    task: Annotated[str | None, typer.Option(help="only these tasks: key, substring or glob")] = None,
+    variant: Annotated[str | None, typer.Option(help="only this feedback variant, e.g. G+E")] = None,
+    precision: Annotated[str | None, typer.Option(help="only this precision: fp32, fp16 or bf16")] = None,
+    record: Annotated[str | None, typer.Option(help="re-check only this trace record, by the id the table shows (FILE-STEM:TURN)")] = None,
+    suite: Annotated[str | None, typer.Option(help="where the task files are, when not where the run's manifest says")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="evaluation workers (default: the experiment's)")] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="forget reverify.json and judge every kernel again")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="the table in the width it needs")] = False,
+) -> None:
+    """Judge each trajectory's best kernel again on this machine, with fresh seeds, beside its recorded verdict.
+    Exits 1 when a verdict changed."""
+    from bench.reverify_render import reverify_and_report
+
+    configure_logging(quiet=True)
+    rechecks = reverify_and_report(console, run_dir, task, variant, precision, record, suite, workers, restart, wide)
+    raise typer.Exit(1 if any(r.verdict_changed for r in rechecks) else 0)
+
+
 def _list(text: str | None) -> list[str] | None:
     return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
@@ -429,6 +320,39 @@ def serve_local_command(
 
     configure_logging()
     serve_local(model, port, threads)
+
+
+@app.command("serve")
+def serve_command(
+    token: Annotated[
+        str | None, typer.Option(envvar="REFINERY_SERVE_TOKEN", help="bearer token requests must carry (or REFINERY_SERVE_TOKEN)")
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    device: DeviceOpt = "cpu",
+    workers: Annotated[int, typer.Option(min=1, help="evaluations at once (the pool's workers)")] = 1,
+    queue_size: Annotated[int, typer.Option(min=0, help="evaluations that may wait; more are answered 429")] = 8,
+    max_request_bytes: Annotated[int, typer.Option(min=1024, help="largest request body; larger ones are answered 413")] = 2_000_000,
+    request_timeout_s: Annotated[float, typer.Option(min=1, help="a request's answer within this many seconds, or 504")] = 1800.0,
+) -> None:
+    """The evaluator as an HTTP service: POST /evaluate and /evaluate/batch, GET /health and /metrics (the `serve` extra)."""
+    if not token:
+        raise ConfigError("refinery serve needs a token: give --token or set REFINERY_SERVE_TOKEN (clients send it as a bearer token)")
+    try:
+        from bench.serve import ServeOptions, run_server
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"refinery serve needs {exc.name}: pip install 'kernel-refinery[serve]'") from exc
+
+    configure_logging()
+    options = ServeOptions(
+        token=token,
+        eval=_eval_config(device),
+        workers=workers,
+        queue_size=queue_size,
+        max_request_bytes=max_request_bytes,
+        request_timeout_s=request_timeout_s,
+    )
+    run_server(options, host, port)
 
 
 suite_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Check the tasks of a suite.")

@@ -20,13 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
 from agent.config import Variant
-from bench.experiment import TrajectoryRecord, is_correct, read_results, results_path
-from bench.report import P_VALUES
+from bench.experiment import TrajectoryRecord, read_results, results_path
 from traces.errors import ConfigError, RunDirError
+from traces.scoring import geomean, rate_hits
 from traces.stats import METHOD, Estimate, mean_interval, paired_difference, paired_ratio
 from traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
-Key = tuple[str, ...]
+Key = tuple[str | int, ...]
+"""A trajectory's id less the sample and the side's own field (TrajectoryId.without); the task first."""
 ROUGH = 10
 """Below this many tasks the report says an interval is rough."""
 
@@ -88,7 +89,7 @@ def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Cal
         sides = [Side(label=x, records=read_results(Path(x))) for x in (a, b)]
         several = len({r.precision for side in sides for r in side.records}) > 1
         paired_on = "task, variant, strategy and precision" if several else "task, variant and strategy"
-        return sides[0], sides[1], lambda r: (r.task, r.variant, r.strategy, r.precision), paired_on
+        return sides[0], sides[1], lambda r: r.id.without("sample"), paired_on
     if run_dir is None:
         missing = next(x for x in (a, b) if not _runs(x))
         raise ConfigError(
@@ -108,21 +109,21 @@ def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Cal
         return (
             Side(label=va, records=[r for r in records if r.variant == va]),
             Side(label=vb, records=[r for r in records if r.variant == vb]),
-            lambda r: (r.task, r.strategy, r.precision),
+            lambda r: r.id.without("sample", "variant"),
             ("task, strategy" + and_precision) if and_precision else "task and strategy",
         )
     if a in strategies and b in strategies:
         return (
             Side(label=a, records=[r for r in records if r.strategy == a]),
             Side(label=b, records=[r for r in records if r.strategy == b]),
-            lambda r: (r.task, r.variant, r.precision),
+            lambda r: r.id.without("sample", "strategy"),
             ("task, variant" + and_precision) if and_precision else "task and variant",
         )
     if a in precisions and b in precisions:
         return (
             Side(label=a, records=[r for r in records if r.precision == a]),
             Side(label=b, records=[r for r in records if r.precision == b]),
-            lambda r: (r.task, r.variant, r.strategy),
+            lambda r: r.id.without("sample", "precision"),
             "task, variant and strategy",
         )
     unknown = next((x for x in (a, b) if _variant(x) not in variants and x not in strategies and x not in precisions), a)
@@ -145,11 +146,6 @@ def _share(records: list[TrajectoryRecord], hit: Callable[[TrajectoryRecord], bo
     return sum(map(hit, records)) / len(records)
 
 
-def _geomean(records: list[TrajectoryRecord]) -> float | None:
-    speeds = [r.best_speedup for r in records if is_correct(r) and r.best_speedup and r.best_speedup > 0]
-    return math.exp(sum(map(math.log, speeds)) / len(speeds)) if speeds else None
-
-
 def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on: str) -> Comparison:
     """B against A over the keys both sides ran; the key's first part is the task.
 
@@ -158,7 +154,7 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
     """
     side_a, side_b = _by_key(a.records, key), _by_key(b.records, key)
     pairs = sorted(set(side_a) & set(side_b))
-    by_task: dict[str, list[Key]] = defaultdict(list)
+    by_task: dict[str | int, list[Key]] = defaultdict(list)
     for k in pairs:
         by_task[k[0]].append(k)
     tasks = sorted(by_task)
@@ -181,16 +177,11 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
             )
         )
 
-    def faster_than(p: float) -> Callable[[TrajectoryRecord], bool]:
-        return lambda r: is_correct(r) and r.best_speedup is not None and r.best_speedup > p
-
-    for p in P_VALUES:
-        rate(f"fast_{p:g}", faster_than(p))
-    rate("correct", is_correct)
-    rate("compiled", lambda r: r.compiled)
+    for name, hit in rate_hits().items():
+        rate(name, hit)
     xs, ys = [], []
     for t in tasks:
-        both = [(ga, gb) for k in by_task[t] if (ga := _geomean(side_a[k])) is not None and (gb := _geomean(side_b[k])) is not None]
+        both = [(ga, gb) for k in by_task[t] if (ga := geomean(side_a[k])) is not None and (gb := geomean(side_b[k])) is not None]
         if both:
             xs.append(math.exp(mean([math.log(x) for x, _ in both])))
             ys.append(math.exp(mean([math.log(y) for _, y in both])))

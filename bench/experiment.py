@@ -5,7 +5,9 @@ A run directory holds:
 - results.jsonl: one versioned record per finished trajectory (see RESULTS_SCHEMA_VERSION);
 - traces/: one JSONL trace per trajectory;
 - checkpoints.sqlite: LangGraph checkpoints of unfinished trajectories;
-- precisions.json: the tolerance and TF32 policy of each precision the directory holds.
+- precisions.json: the tolerance and TF32 policy of each precision the directory holds;
+- manifest.json: code, software, device, evaluator settings and task hashes (traces/manifest.py);
+- reverify.json, where `refinery reverify` ran: the best kernels judged again (bench/reverify.py).
 
 One run directory can hold the same experiment at several precisions (an fp32 and a bf16 ablation
 side by side): the precision is part of each trajectory's identity, and only the precision, with
@@ -20,6 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,10 +37,11 @@ from agent.strategies import StrategyResult, StrategyRun, run_strategy
 from bench.settings import describe_validation, load_settings, nest_flat_keys
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
-from tools.results import NONFINITE_AS_STRINGS
 from traces.errors import ConfigError, RunDirError
+from traces.manifest import Difference, differences, manifest_path, read_manifest, write_manifest
+from traces.outcome import RESULTS_SCHEMA_VERSION, TrajectoryRecord, trajectory_record
+from traces.outcome import TurnOutcome as TurnOutcome  # re-exported: results.jsonl's types were defined here
 from traces.schema import Migrations, TrajectoryId, migrate
-from traces.verdict import Verdict, best_verdict
 
 
 class ExperimentConfig(BaseModel):
@@ -146,84 +150,17 @@ def read_saved_config(path: Path) -> ExperimentConfig:
     return ExperimentConfig.model_validate(raw)
 
 
-RESULTS_SCHEMA_VERSION = 1
-"""Version history of results.jsonl records (read_result migrates older ones):
-- 0: before the version field: `per_turn` as [status, speedup] pairs.
-- 1: `schema_version`; `per_turn` as TurnOutcome objects."""
-
-
-class TurnOutcome(BaseModel):
-    """One attempt of a trajectory, as the results keep it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", **NONFINITE_AS_STRINGS)
-    status: Verdict
-    speedup: float | None = None
-    """None unless correct."""
-
-
-class TrajectoryRecord(BaseModel):
-    """One line of results.jsonl: the outcome of one trajectory."""
-
-    model_config = ConfigDict(frozen=True, **NONFINITE_AS_STRINGS)
-    schema_version: int = RESULTS_SCHEMA_VERSION
-    task: str
-    level: int
-    variant: str
-    sample: int
-    best_status: Verdict
-    best_speedup: float | None
-    best_turn: int | None
-    turns: int
-    compiled: bool
-    tokens: int
-    per_turn: tuple[TurnOutcome, ...]
-    """Each turn's verdict and speedup, for fast_p against the turn; in evaluation order for search
-    strategies, so it also gives the best speedup per evaluation spent."""
-    strategy: str = "refine"
-    evals: int | None = None
-    """Candidate evaluations spent; None in results written before strategies (count per_turn)."""
-    precision: str = "fp32"
-    """fp32, fp16 or bf16 (results written before precisions were fp32)."""
-    tolerance: float | None = None
-    """atol = rtol in force for outputs of that precision; None in results written before it was recorded."""
-    allow_tf32: bool = False
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        """Unique within one strategy and precision (results before strategies were all refine, before precisions fp32)."""
-        return (self.task, self.variant, self.sample)
-
-    @property
-    def run_key(self) -> tuple[str, str, int, str, str]:
-        return (*self.key, self.strategy, self.precision)
-
-    @property
-    def evaluations(self) -> int:
-        return self.evals if self.evals is not None else sum(1 for t in self.per_turn if t.status is not Verdict.NO_CODE)
-
-
 def record_of(
     task: Task, variant: str, sample: int, result: StrategyResult, strategy: str = "refine", eval_config: EvalConfig | None = None
 ) -> TrajectoryRecord:
     numerics = eval_config or EvalConfig()
-    per_turn = tuple(TurnOutcome(status=a.verdict, speedup=a.speedup) for a in result.attempts)
-    best = result.best
-    best_status = best_verdict(t.status for t in per_turn)
-    return TrajectoryRecord(
-        task=task.key,
-        level=task.level,
-        variant=variant,
-        sample=sample,
-        best_status=best_status,
-        best_speedup=best.speedup if best else None,
-        best_turn=best.turn if best else None,
-        turns=result.turns,
-        compiled=best_status.compiled,
+    trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy, precision=numerics.precision)
+    return trajectory_record(
+        trajectory,
+        task.level,
+        result.attempts,
         tokens=result.tokens.total,
-        per_turn=per_turn,
-        strategy=strategy,
         evals=result.evals,
-        precision=numerics.precision,
         tolerance=numerics.precision_tolerance.atol,
         allow_tf32=numerics.allow_tf32,
     )
@@ -261,7 +198,7 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
     path = results_path(run_dir)
     if not path.exists():
         return []
-    records: dict[tuple[str, str, int, str, str], TrajectoryRecord] = {}
+    records: dict[TrajectoryId, TrajectoryRecord] = {}
     lines = path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -276,7 +213,7 @@ def read_results(run_dir: Path) -> list[TrajectoryRecord]:
                 f"({exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}); was the run made by another version? "
                 "Report it with that version, or start a new --run-dir"
             ) from exc
-        records[record.run_key] = record
+        records[record.id] = record
     return list(records.values())
 
 
@@ -292,16 +229,27 @@ class ResultsWriter:
             os.fsync(fh.fileno())
 
 
-def plan(config: ExperimentConfig) -> list[tuple[Task, str, int, str]]:
-    """(task, variant, sample, strategy) for every trajectory the experiment runs."""
+@dataclass(frozen=True)
+class PlannedTrajectory:
+    """One trajectory an experiment runs: its suite task and its identity."""
+
+    task: Task
+    id: TrajectoryId
+
+
+def plan(config: ExperimentConfig) -> list[PlannedTrajectory]:
+    """Every trajectory the experiment runs, at the experiment's precision."""
     tasks = load_suite(resolve_suite(config.suite), levels=config.levels, name_filter=config.tasks)
     if not tasks:
         raise ConfigError(
             f"no task in suite {config.suite!r} levels {config.levels} matches {config.tasks!r}; "
             "check --suite, --levels and --tasks (`refinery experiment --help`)"
         )
+    precision = config.eval.precision
     return [
-        (t, str(Variant.parse(v)), s, strategy)
+        PlannedTrajectory(
+            task=t, id=TrajectoryId(task=t.key, variant=str(Variant.parse(v)), sample=s, strategy=strategy, precision=precision)
+        )
         for t in tasks
         for v in config.variants
         for strategy in config.strategies
@@ -314,7 +262,7 @@ _RUNTIME_ONLY = {"workers", "concurrency", "executor", "eval.cache_dir", "llm.ti
 (more workers, or a longer wait for a slow model on a busy machine)."""
 _PRECISION_FIELDS = {"eval.precision", "eval.tolerance", "eval.allow_tf32"}
 """Evaluator settings that may differ between invocations sharing a run directory: each precision's
-trajectories are its own (TrajectoryRecord.run_key), and precisions.json pins its tolerance and TF32."""
+trajectories are its own (TrajectoryRecord.id), and precisions.json pins its tolerance and TF32."""
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -371,12 +319,13 @@ def read_precisions(run_dir: Path) -> dict[str, Numerics]:
     return {}
 
 
-def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
-    """Keep the config with the run; other settings on an existing run are refused.
+def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> list[Difference]:
+    """Keep the config and this machine's manifest with the run; other settings on an existing run are refused.
 
     Workers, concurrency and executor may change between a run and its resumption, and so may the
     precision (another precision is another set of trajectories in the same directory); a precision
-    the directory already holds keeps its tolerance and TF32 policy.
+    the directory already holds keeps its tolerance and TF32 policy. Returns what differs from the
+    manifest of the invocation before (another machine, torch, commit): the caller warns.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / "config.json"
@@ -402,11 +351,28 @@ def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> None:
     if held is not None and held != numerics:
         raise RunDirError(
             f"{run_dir} holds {eval_config.precision} trajectories judged at {held.describe()}; this run asks for "
-            f"{numerics.describe()}: resume with the same --tolerance and --allow-tf32, or choose another --run-dir"
+            f"{numerics.describe()}: resume with the same eval.tolerance and eval.allow_tf32, or choose another --run-dir"
         )
     precisions[eval_config.precision] = numerics
     precisions_path(run_dir).write_text(json.dumps({p: n.model_dump() for p, n in precisions.items()}, indent=2) + "\n")
     saved.write_text(json.dumps(config.saved(), indent=2) + "\n")
+    return _record_manifest(run_dir, config)
+
+
+def _record_manifest(run_dir: Path, config: ExperimentConfig) -> list[Difference]:
+    """manifest.json: the facts of this invocation; an earlier invocation's, where they differ, is
+    kept as manifest-before-<its time>.json so a resumed run's mixed provenance stays visible."""
+    from bench.provenance import collect_manifest
+
+    tasks = load_suite(resolve_suite(config.suite), levels=config.levels, name_filter=config.tasks)
+    manifest = collect_manifest(config.eval, [(t.key, t.path) for t in tasks])
+    before = read_manifest(run_dir)
+    changed = differences(before, manifest) if before is not None else []
+    if before is not None and changed:
+        stamp = before.created_at.replace(":", "").replace("+0000", "Z")
+        manifest_path(run_dir).replace(Path(run_dir) / f"manifest-before-{stamp}.json")
+    write_manifest(run_dir, manifest)
+    return changed
 
 
 def run_experiment(
@@ -427,17 +393,17 @@ def run_experiment(
     eval_config = config.eval
     host = QuietHost.for_settings(config.llm, eval_config)
     precision = eval_config.precision
-    finished = {r.run_key: r for r in read_results(run_dir) if r.precision == precision}
-    todo = [(t, v, s, st) for t, v, s, st in plan(config) if (t.key, v, s, st, precision) not in finished]
+    finished = {r.id: r for r in read_results(run_dir) if r.precision == precision}
+    todo = [planned for planned in plan(config) if planned.id not in finished]
     writer = ResultsWriter(run_dir)
     run_id = Path(run_dir).name or uuid.uuid4().hex[:8]
 
-    def one(task: Task, variant: str, sample: int, strategy: str) -> TrajectoryRecord:
-        trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy, precision=precision)
+    def one(planned: PlannedTrajectory) -> TrajectoryRecord:
+        task, trajectory = planned.task, planned.id
         spec = TaskSpec(name=task.name, source=task.source_for(eval_config.device), level=task.level)
         run = StrategyRun(
             task=spec,
-            config=config.run_config(variant, strategy),
+            config=config.run_config(trajectory.variant, trajectory.strategy),
             model=model_factory(),
             evaluator=evaluator,
             run_dir=run_dir,
@@ -447,13 +413,13 @@ def run_experiment(
             resume=True,
             host=host,
         )
-        record = record_of(task, variant, sample, run_strategy(run), strategy, eval_config)
+        record = record_of(task, trajectory.variant, trajectory.sample, run_strategy(run), trajectory.strategy, eval_config)
         writer.append(record)
         return record
 
     records = list(finished.values())
     with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="trajectory") as pool:
-        futures = [pool.submit(one, *item) for item in todo]
+        futures = [pool.submit(one, item) for item in todo]
         try:
             for future in as_completed(futures):
                 record = future.result()
@@ -470,4 +436,4 @@ def run_experiment(
 
 
 def is_correct(record: TrajectoryRecord) -> bool:
-    return record.best_status is Verdict.CORRECT
+    return record.correct

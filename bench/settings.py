@@ -8,12 +8,13 @@ Flags override the file key by key, inside sections too (`--precision bf16` keep
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tools.config import EvalConfig
 from traces.errors import ConfigError, InputFileError
 
 SECTIONS = ("llm", "loop", "eval", "search")
@@ -60,6 +61,23 @@ def _set(tree: dict[str, Any], path: str, value: object) -> None:
     tree[key] = value
 
 
+def parse_overrides(items: Sequence[str]) -> dict[str, tuple[str, object]]:
+    """`--set KEY=VALUE` items by config key, each with the flag as the user gave it. The value is
+    read as TOML (5, 0.5, true, "text", [1, 2]); anything TOML does not read is taken as text."""
+    out: dict[str, tuple[str, object]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part.isidentifier() for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: give KEY=VALUE with a config key, e.g. --set loop.turns=5 or --set eval.trials=50")
+        try:
+            value: object = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        out[key] = (f"--set {key}", value)
+    return out
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -84,6 +102,13 @@ def load_settings(model: type[M], path: Path | None, flags: Mapping[str, tuple[s
         from_file = path is not None and any(".".join(map(str, e["loc"])) not in named for e in exc.errors())
         raise ConfigError(f"{source}: {details}" if from_file else details) from exc
     return config, Path(run_dir) if run_dir else None
+
+
+class EvalSettings(BaseModel):
+    """What `refinery eval` reads of a run's or experiment's TOML file: its [eval] table."""
+
+    model_config = ConfigDict(extra="ignore")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
 def describe_validation(exc: ValidationError, flags: Mapping[str, str] | None = None) -> str:

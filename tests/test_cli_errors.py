@@ -93,8 +93,8 @@ def test_missing_scripted_model_file(tmp_path: Path) -> None:
 
 def test_missing_api_key() -> None:
     env = dict.fromkeys(("OPENAI_API_KEY",), "")
-    result = refinery("run", "--task", RELU, "--model", "gpt-4o", "--api-key-env", "REFINERY_TEST_NO_SUCH_KEY", env=env)
-    assert_user_error(result, "no API key", "REFINERY_TEST_NO_SUCH_KEY", "--base-url")
+    result = refinery("run", "--task", RELU, "--model", "gpt-4o", "--set", "llm.api_key_env=REFINERY_TEST_NO_SUCH_KEY", env=env)
+    assert_user_error(result, "no API key", "REFINERY_TEST_NO_SUCH_KEY", "--set llm.base_url=URL")
 
 
 def test_unreachable_endpoint_names_the_url_and_the_retries(tmp_path: Path) -> None:
@@ -105,17 +105,18 @@ def test_unreachable_endpoint_names_the_url_and_the_retries(tmp_path: Path) -> N
         RELU,
         "--model",
         "gpt-4o",
-        "--base-url",
-        url,
-        "--retries",
-        "2",
+        "--set",
+        f"llm.base_url={url}",
+        "--set",
+        "llm.retries=2",
         "--turns",
         "1",
         "--run-dir",
         tmp_path / "run",
-        "--no-hardware-prompt",
+        "--set",
+        "loop.hardware_prompt=false",
     )
-    assert_user_error(result, url, "could not be reached", "after 2 attempts (1 retry with back-off)", "check --base-url")
+    assert_user_error(result, url, "could not be reached", "after 2 attempts (1 retry with back-off)", "--set llm.base_url=URL")
 
 
 def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
@@ -129,13 +130,14 @@ def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
             RELU,
             "--model",
             "gpt-test",
-            "--base-url",
-            url,
+            "--set",
+            f"llm.base_url={url}",
             "--turns",
             "1",
             "--run-dir",
             tmp_path / "run",
-            "--no-hardware-prompt",
+            "--set",
+            "loop.hardware_prompt=false",
             env={"OPENAI_API_KEY": "sk-test"},
         )
     assert_user_error(result, url, "refused the request (HTTP 401", "retrying will not help")

@@ -17,6 +17,7 @@ from bench.experiment import RESULTS_SCHEMA_VERSION, ExperimentConfig, Trajector
 from bench.report import render_by_turn, score
 from tools.pool import EvaluatorPool
 from traces.errors import RunDirError
+from traces.schema import TrajectoryId
 from traces.verdict import Verdict
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
@@ -213,9 +214,9 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
     fast_1_follows_the_speedups(clean)
     slow_relu = [r for r in records + clean if r.task == "level1/1_relu" and r.best_status == "correct"]
     assert slow_relu and all((r.best_speedup or 0) < 1 for r in slow_relu), "the slow ReLU is never fast_1"
-    by_key = {r.key: r for r in clean}
-    assert by_key[("level1/1_relu", "G+E", 0)].per_turn[0].status == "compile_error"
-    chain = by_key[("level2/9_bias_tanh_clamp_chain", "G", 0)]
+    by_id = {r.id: r for r in clean}
+    assert by_id[TrajectoryId(task="level1/1_relu", variant="G+E")].per_turn[0].status == "compile_error"
+    chain = by_id[TrajectoryId(task="level2/9_bias_tanh_clamp_chain", variant="G")]
     assert chain.turns == 1, f"stopped at the target; its turns: {chain.per_turn}"
 
 
@@ -329,14 +330,14 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
     )
     relu = Path(__file__).parent.parent / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
     result = CliRunner().invoke(
-        app, ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--no-hardware-prompt"]
+        app, ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--set", "loop.hardware_prompt=false"]
     )
     assert result.exit_code == 0, result.output
     run = seen["run"]
     assert isinstance(run, RunConfig)
     assert (run.loop.turns, run.loop.hardware_prompt, run.strategy, run.search.rounds, run.eval.trials) == (4, False, "beam", 5, 9)
     assert seen["run_dir"] == tmp_path / "from-file"
-    result = CliRunner().invoke(app, ["experiment", "--config", str(toml), "--trials", "3", "--run-dir", str(tmp_path / "flag")])
+    result = CliRunner().invoke(app, ["experiment", "--config", str(toml), "--set", "eval.trials=3", "--run-dir", str(tmp_path / "flag")])
     assert result.exit_code == 0, result.output
     experiment = seen["experiment"]
     assert isinstance(experiment, ExperimentConfig)

@@ -1,4 +1,4 @@
-"""Precision outside the evaluator: the --precision, --tolerance and --allow-tf32 flags and the TOML
+"""Precision outside the evaluator: the --precision flag, --set eval.tolerance and eval.allow_tf32 and the TOML
 keys into EvalConfig; the precision in results.jsonl, traces and their names; one run directory with
 an fp32 and a bf16 experiment side by side (resumable, each precision keeping its tolerance); the
 report grouping precisions with their tolerance and TF32 policy; the prompt naming the dtype."""
@@ -85,7 +85,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 
 
 def test_eval_flags_set_the_evaluator_config(captured: dict[str, object]) -> None:
-    result = refinery("eval", RELU, SOLUTION, "--precision", "fp16", "--tolerance", "2e-2", "--allow-tf32")
+    result = refinery("eval", RELU, SOLUTION, "--precision", "fp16", "--set", "eval.tolerance=2e-2", "--set", "eval.allow_tf32=true")
     assert isinstance(result.exception, Captured), result.output
     config = captured["eval"]
     assert isinstance(config, EvalConfig)
@@ -102,7 +102,7 @@ def test_run_flags_set_the_evaluator_config(captured: dict[str, object], tmp_pat
     script.write_text(json.dumps(["no code"]))
     run_dir = tmp_path / "run"
     result = refinery(
-        "run", "--task", RELU, "--model", f"scripted:{script}", "--run-dir", run_dir, "--precision", "bf16", "--tolerance", "0.05"
+        "run", "--task", RELU, "--model", f"scripted:{script}", "--run-dir", run_dir, "--precision", "bf16", "--set", "eval.tolerance=0.05"
     )
     assert isinstance(result.exception, Captured), result.output
     config = captured["eval"]
@@ -123,13 +123,13 @@ def test_experiment_flags_and_toml_keys_set_the_evaluator_config(captured: dict[
     ev = config.eval_config()
     assert (ev.precision, ev.tolerance, ev.allow_tf32, ev.trials) == ("bf16", 0.03, True, 7)
     # Flags win over the file, and leave its other [eval] keys alone.
-    result = refinery("experiment", "--config", toml, "--precision", "fp16", "--tolerance", "1e-3")
+    result = refinery("experiment", "--config", toml, "--precision", "fp16", "--set", "eval.tolerance=1e-3")
     config = captured["experiment"]
     assert isinstance(config, ExperimentConfig)
     ev = config.eval_config()
     assert (ev.precision, ev.tolerance, ev.allow_tf32, ev.trials) == ("fp16", 1e-3, True, 7)
     # Flags alone.
-    result = refinery("experiment", "--precision", "bf16", "--allow-tf32")
+    result = refinery("experiment", "--precision", "bf16", "--set", "eval.allow_tf32=true")
     config = captured["experiment"]
     assert isinstance(config, ExperimentConfig)
     ev = config.eval_config()
@@ -141,8 +141,8 @@ def test_bad_precision_values_are_one_line_user_errors(captured: dict[str, objec
     one_line_error(refinery("run", "--task", RELU, "--precision", "half"), "--precision", "'half'")
     one_line_error(refinery("experiment", "--precision", "FP16"), "--precision", "'FP16'")
     for bad in ("-1", "0", "abc", "inf", "nan"):
-        one_line_error(refinery("eval", RELU, SOLUTION, "--tolerance", bad), "--tolerance must be a positive number", repr(bad))
-    one_line_error(refinery("experiment", "--tolerance", "0"), "--tolerance")
+        one_line_error(refinery("eval", RELU, SOLUTION, "--set", f"eval.tolerance={bad}"), "--set eval.tolerance")
+    one_line_error(refinery("experiment", "--set", "eval.tolerance=0"), "--set eval.tolerance", "greater than 0")
     toml = tmp_path / "bad.toml"
     toml.write_text('[eval]\nprecision = "fp64"\n')
     one_line_error(refinery("experiment", "--config", toml), "eval.precision", "'fp32', 'fp16' or 'bf16'", "'fp64'")
@@ -257,7 +257,7 @@ def test_report_groups_two_precisions(tmp_path: Path) -> None:
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text, text
     table_lines = text.split("fast_p by level", 1)[1].splitlines()
     assert any(line.strip().startswith("bf16") or " bf16" in line for line in table_lines), text
-    saved = json.loads((tmp_path / "report.json").read_text())
+    saved = json.loads((tmp_path / "report.json").read_text())["groups"]
     assert {(g["precision"], g["tolerance"], g["allow_tf32"]) for g in saved} == {("fp32", 1e-4, False), ("bf16", 1e-2, False)}
     # One precision alone: no precision line in the table's cells, the header still says it.
     single = render_table(score([r for r in records if r.precision == "fp32"]))
@@ -304,7 +304,7 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
     (bf16,) = run(experiment(precision="bf16"))
     assert (fp32.precision, fp32.tolerance, fp32.allow_tf32) == ("fp32", 1e-4, False)
     assert (bf16.precision, bf16.tolerance, bf16.allow_tf32) == ("bf16", 1e-2, False)
-    assert fp32.key == bf16.key and fp32.run_key != bf16.run_key
+    assert fp32.id.without("precision") == bf16.id.without("precision") and fp32.id != bf16.id
     on_disk = {(r.precision, r.tolerance) for r in read_results(run_dir)}
     assert on_disk == {("fp32", 1e-4), ("bf16", 1e-2)}
     lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
@@ -336,3 +336,39 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
     console = Console(file=io.StringIO(), width=80, record=True)
     scores = report(run_dir, console=console, plots=False)
     assert [s.precision for s in scores] == ["fp32", "bf16"]
+
+
+def test_every_setting_is_reachable_through_set(captured: dict[str, object]) -> None:
+    """A new setting is one field on a config model: `--set KEY=VALUE` reaches every field of the
+    experiment's settings, by the dotted key its TOML file uses, with no flag to add."""
+    from pydantic import BaseModel
+
+    def leaves(model: type[BaseModel], prefix: str = "") -> list[tuple[str, object]]:
+        out: list[tuple[str, object]] = []
+        instance = model()
+        for name, field in model.model_fields.items():
+            value = getattr(instance, name)
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                out += leaves(annotation, f"{prefix}{name}.")
+            elif isinstance(value, (bool, int, float, str)) and not isinstance(value, Path):
+                out.append((f"{prefix}{name}", value))
+        return out
+
+    # An experiment names its variants in `variants`: the single-run key is refused, by name.
+    refused = {"loop.variant"}
+    settable = [(k, v) for k, v in leaves(ExperimentConfig) if k not in refused]
+    assert len(settable) > 40 and {"loop.turns", "llm.model", "eval.trials", "eval.guards.checked_timed_calls"} <= {k for k, _ in settable}
+    for key, value in settable:
+        shown = json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
+        result = refinery("experiment", "--set", f"{key}={shown}")
+        assert isinstance(result.exception, Captured), f"--set {key}={shown}: {result.output}"
+        config = captured["experiment"]
+        assert isinstance(config, ExperimentConfig)
+        *sections, last = key.split(".")
+        node: object = config
+        for section in sections:
+            node = getattr(node, section)
+        assert isinstance(node, BaseModel) and last in node.model_fields_set, f"--set {key} did not set it"
+    one_line_error(refinery("experiment", "--set", "loop.turnz=3"), "--set loop.turnz", "unknown setting")
+    one_line_error(refinery("experiment", "--set", "turns"), "--set 'turns'", "KEY=VALUE")

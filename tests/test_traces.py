@@ -168,7 +168,7 @@ def test_show_whole_trajectory_and_its_errors(run_dir: Path) -> None:
     assert "reply (no code)" in result.output and "vectorise the loop" in result.output
     assert "top operators by self CPU time" in result.output, "the profile table of the correct turn"
     ambiguous = cli("show", run_dir, "relu")
-    assert ambiguous.exit_code == 2 and "G+E sample 0, G+E+P sample 0" in ambiguous.output and "--variant" in ambiguous.output
+    assert ambiguous.exit_code == 2 and "G+E sample 0: --variant G+E; G+E+P sample 0: --variant G+E+P" in ambiguous.output
     missing = cli("show", run_dir, "gelu")
     assert missing.exit_code == 2 and "no task 'gelu'" in missing.output and "level1/relu, level1/small_relu" in missing.output
     no_turn = cli("show", run_dir, "small_relu", "--turn", "7")
@@ -427,9 +427,11 @@ def test_report_shows_the_intervals_of_its_scores(report: Path) -> None:
     html = report.read_text()
     dom = parse(html)
     assert "95% interval" in html and "BCa bootstrap over tasks" in html
-    # Per variant, the correct rate and six fast_p values each carry an interval over the 2 tasks;
-    # G+E+P ran relu only (small_relu counts as a miss), G+E got relu right: 1 of 2 tasks, 0–100%.
+    # Scored as `refinery report` scores them: G+E ran 2 tasks and got relu right: 1 of 2, 0–100%,
+    # an interval on the correct rate and each fast_p; G+E+P ran relu only: one task, no interval.
     cells = dom.having("td", class_="fast-p-value", data_p="0")
-    assert len(cells) == 2
-    assert len(dom.having("span", class_="ci")) >= 2 * 7
+    assert [c["data-value"] for c in cells] == ["0.5", "1.0"]
+    rows = html[html.index('<table id="fast-p"') :]
+    rows = rows[: rows.index("</table>")].split('<tr data-level="1" data-variant=')[1:]
+    assert [row.count('class="ci"') for row in rows] == [7, 0]
     assert "0–100%" in html

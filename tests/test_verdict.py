@@ -10,14 +10,14 @@ import pytest
 from rich.console import Console
 
 from agent.state import Attempt
-from agent.strategies import BeamNode, StrategyResult, rank_key
+from agent.strategies import BeamNode, StrategyResult
 from bench.experiment import record_of
 from bench.render import print_result, turn_line
 from bench.tasks import Task
 from tools.results import EvalResult, EvalStatus, TimingReport, TimingStats
 from traces.inspect import Trajectory, summarise
 from traces.schema import TokenUsage, TrajectoryId, TurnRecord
-from traces.verdict import Verdict, best_verdict
+from traces.verdict import Verdict, best_verdict, merit
 
 STATS = TimingStats(median=1.0, mean=1.0, std=0.0, min=1.0, max=1.0, trials=3, clock="monotonic")
 TIMED = TimingReport(candidate=STATS, reference=STATS, speedup=1.0)
@@ -76,7 +76,7 @@ def test_code_without_a_final_verdict_is_unfinished_everywhere(result: EvalResul
     strategy = StrategyResult(strategy="refine", trajectory=TRAJECTORY, attempts=(attempt,), tokens=TokenUsage(), traces=(tmp_path,))
     results = record_of(task, "G+E", 0, strategy)
     assert results.best_status is results.per_turn[0].status is Verdict.UNFINISHED and not results.compiled
-    assert rank_key(BeamNode("n", None, None, attempt))[2] == Verdict.UNFINISHED.rank
+    assert merit(BeamNode("n", None, None, attempt))[2] == Verdict.UNFINISHED.rank
     console = Console(file=io.StringIO(), width=80, record=True)
     console.print(turn_line(attempt, 3))
     if result is not None:

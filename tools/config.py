@@ -89,7 +89,7 @@ class EvalConfig(BaseModel):
     device: Device = "cpu"
     precision: Precision = "fp32"
     """Floating-point inputs, parameters and buffers of both models are cast to this, as KernelBench does."""
-    tolerance: float | None = Field(None, gt=0)
+    tolerance: float | None = Field(None, gt=0, allow_inf_nan=False)
     """atol = rtol for every floating dtype instead of the per-dtype table (e.g. the paper's 1e-2)."""
     allow_tf32: bool = False
     """TF32 for fp32 matmul and convolution (torch's default leaves cuDNN's on); off unless asked."""

@@ -155,7 +155,7 @@ def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "
         if within_loose:
             reason += (
                 f"; every value is within {loose:g}: the error is at reduced-precision level (what TF32, bf16 or fp16 "
-                "arithmetic gives), so compute in full fp32 (or evaluate with --tolerance 1e-2 to accept it)"
+                "arithmetic gives), so compute in full fp32 (or evaluate with --set eval.tolerance=1e-2 to accept it)"
             )
     if exp.numel() > 1:
         low = float(torch.where(finite_ref, exp, math.inf).min())

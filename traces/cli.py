@@ -25,7 +25,6 @@ from traces.inspect import (
     summarise,
     summary_table,
     turn_view,
-    variants_of,
 )
 from traces.terminal import print_table
 from traces.verdict import Verdict
@@ -38,6 +37,7 @@ RunDirArg = Annotated[Path, typer.Argument(help="a run directory (its traces/ fo
 TaskArg = Annotated[str, typer.Argument(help='task key ("level1/relu_task") or its bare name when unambiguous')]
 VariantOpt = Annotated[str | None, typer.Option("--variant", help="feedback variant, e.g. G+E+P")]
 PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="fp32, fp16 or bf16, where the run holds several")]
+StrategyOpt = Annotated[str | None, typer.Option("--strategy", help="refine, best-of-n or beam, where the run holds several")]
 
 
 def _console() -> Console:
@@ -64,16 +64,23 @@ def list_command(
     status: Annotated[str | None, typer.Option(help=f"only trajectories whose best attempt has this status ({STATUSES})")] = None,
     sort: Annotated[SortKey, typer.Option(help="speedup, turns and tokens sort largest first")] = SortKey.TASK,
     variant: VariantOpt = None,
+    strategy: StrategyOpt = None,
+    precision: PrecisionOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="also the best speedup's 95% interval and prompt/completion tokens")] = False,
 ) -> None:
     """A table of trajectories: best status and speedup, turns and tokens."""
     trajectories = _load(run_dir)
     if status is not None and status not in {v.value for v in Verdict}:
         raise _fail(f"unknown status {status!r}; statuses: {STATUSES}")
-    if variant is not None and variant not in variants_of(trajectories):
-        raise _fail(f"no trajectory of variant {variant!r} in {run_dir}; variants: {', '.join(variants_of(trajectories))}")
+    for field, wanted in (("variant", variant), ("strategy", strategy), ("precision", precision)):
+        held = sorted({getattr(t.id, field) for t in trajectories})
+        if wanted is not None and wanted not in held:
+            raise _fail(f"no trajectory of {field} {wanted!r} in {run_dir}; {field}s: {', '.join(held)}")
     summaries = [summarise(t) for t in trajectories]
-    shown = sort_summaries(filter_summaries(summaries, status=None if status is None else Verdict(status), variant=variant), sort)
+    chosen = filter_summaries(
+        summaries, status=None if status is None else Verdict(status), variant=variant, strategy=strategy, precision=precision
+    )
+    shown = sort_summaries(chosen, sort)
     console = _console()
     if not shown:
         present = ", ".join(sorted({s.best_status for s in summaries}))
@@ -88,6 +95,7 @@ def show_command(
     task: TaskArg,
     variant: VariantOpt = None,
     sample: Annotated[int | None, typer.Option(help="sample index")] = None,
+    strategy: StrategyOpt = None,
     precision: PrecisionOpt = None,
     turn: Annotated[int | None, typer.Option(help="only this turn")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="print the JSON records, one per line")] = False,
@@ -95,7 +103,7 @@ def show_command(
 ) -> None:
     """Each turn of one trajectory: the feedback the model saw, its code and the verdict."""
     trajectories = _load(run_dir)
-    trajectory = one_trajectory(trajectories, task, variant, sample, precision)  # TraceLookupError: a user error
+    trajectory = one_trajectory(trajectories, task, variant, sample, precision, strategy)  # TraceLookupError: a user error
     records = records_at(trajectory, turn) if turn is not None else list(trajectory.records)
     if raw:
         for record in records:
@@ -115,11 +123,12 @@ def diff_command(
     turns: Annotated[tuple[int, int], typer.Option("--turns", help="the two turns to compare, e.g. --turns 3 4")],
     variant: VariantOpt = None,
     sample: Annotated[int | None, typer.Option(help="sample index")] = None,
+    strategy: StrategyOpt = None,
     precision: PrecisionOpt = None,
 ) -> None:
     """The code diff between two turns, and how the verdict and the speedup changed."""
     trajectories = _load(run_dir)
-    trajectory = one_trajectory(trajectories, task, variant, sample, precision)  # TraceLookupError: a user error
+    trajectory = one_trajectory(trajectories, task, variant, sample, precision, strategy)  # TraceLookupError: a user error
     before, after = record_at(trajectory, turns[0]), record_at(trajectory, turns[1])
     console = _console()
     console.print(Rule(trajectory.label))

@@ -23,7 +23,6 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import CppLexer, CudaLexer, DiffLexer, PythonLexer
 from pygments.token import String
 
-from tools.metrics import correctness_rate, fast_p, geomean_speedup
 from traces.inspect import (
     Trajectory,
     TrajectorySummary,
@@ -41,11 +40,11 @@ from traces.inspect import (
     verdict_of,
 )
 from traces.schema import TrajectoryId, TurnRecord
-from traces.stats import METHOD, Estimate, geomean_estimate, rate_estimate
-from traces.verdict import Verdict
+from traces.scoring import P_VALUES, GroupScores, score
+from traces.stats import METHOD, Estimate
+from traces.verdict import Verdict, best
 
 ASSETS = Path(__file__).parent / "assets"
-P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 _FORMATTER = HtmlFormatter(cssclass="hl", linenos="inline", style="default")
 _DIFF_FORMATTER = HtmlFormatter(cssclass="hl", style="default")
 
@@ -214,6 +213,19 @@ class GridCell:
 
 
 @dataclass(frozen=True)
+class GridColumn:
+    """One column of the overview: a variant, with the strategy and precision where the run holds several."""
+
+    variant: str
+    strategy: str
+    precision: str
+    label: str
+
+    def holds(self, trajectory: TrajectoryId) -> bool:
+        return (trajectory.variant, trajectory.strategy, trajectory.precision) == (self.variant, self.strategy, self.precision)
+
+
+@dataclass(frozen=True)
 class GridRow:
     task: str
     cells: tuple[GridCell | None, ...]
@@ -221,16 +233,13 @@ class GridRow:
 
 @dataclass(frozen=True)
 class FastPRow:
-    variant: str
-    trajectories: int
-    total: int
-    correct: float
-    fast: tuple[float, ...]
-    geomean: float | None
-    correct_ci: Estimate | None = None
-    fast_ci: tuple[Estimate, ...] = ()
-    geomean_ci: Estimate | None = None
-    """95% intervals over tasks (each task: the share of its samples), as `refinery report` gives them."""
+    """One group's scores as `refinery report` gives them (traces/scoring.py), for the page."""
+
+    group: GroupScores
+    label: str
+    correct: Estimate
+    fast: tuple[Estimate, ...]
+    geomean: Estimate
 
 
 @dataclass(frozen=True)
@@ -239,6 +248,7 @@ class ReportView:
     generated: str
     models: tuple[str, ...]
     variants: tuple[str, ...]
+    columns: tuple[GridColumn, ...]
     grid: tuple[GridRow, ...]
     p_values: tuple[float, ...]
     fast_p: tuple[FastPRow, ...]
@@ -319,81 +329,76 @@ def search_tree(turns: Sequence[TurnView]) -> Markup | None:
     return Markup(f'<ul class="search-tree"><li><span class="root">reference</span><ul>{items(None)}</ul></li></ul>')  # noqa: S704 - escaped above
 
 
-def _better(a: TrajectorySummary, b: TrajectorySummary) -> bool:
-    return (a.best_status.rank, a.best_speedup or 0.0) > (b.best_status.rank, b.best_speedup or 0.0)
+def _several(values: Iterable[object]) -> bool:
+    return len(set(values)) > 1
 
 
-def overview_grid(summaries: Sequence[TrajectorySummary], variants: Sequence[str]) -> tuple[GridRow, ...]:
-    """Tasks × variants; a cell holds the best of that pair's samples."""
+def grid_columns(ids: Sequence[TrajectoryId]) -> tuple[GridColumn, ...]:
+    """Variant × strategy × precision, as the run holds them; a column names only what varies."""
+    strategies = _several(i.strategy for i in ids) or any(i.strategy != "refine" for i in ids)
+    precisions = _several(i.precision for i in ids)
+    kinds = sorted({i.without("task", "sample") for i in ids})
+    columns = []
+    for variant, strategy, precision in (tuple(map(str, k)) for k in kinds):
+        label = " · ".join([variant, *([strategy] if strategies else []), *([precision] if precisions else [])])
+        columns.append(GridColumn(variant=variant, strategy=strategy, precision=precision, label=label))
+    return tuple(columns)
+
+
+def overview_grid(summaries: Sequence[TrajectorySummary], columns: Sequence[GridColumn]) -> tuple[GridRow, ...]:
+    """Tasks × columns; a cell holds the best of that task's samples in the column (traces.verdict.best)."""
     rows = []
     for task in tasks_of(s.trajectory for s in summaries):
         cells: list[GridCell | None] = []
-        for variant in variants:
-            group = [s for s in summaries if s.id.task == task and s.id.variant == variant]
-            if not group:
-                cells.append(None)
-                continue
-            best = group[0]
-            for s in group[1:]:
-                if _better(s, best):
-                    best = s
-            cells.append(GridCell(summary=best, anchor=_trajectory_anchor(best.id), samples=len(group)))
+        for column in columns:
+            group = [s for s in summaries if s.id.task == task and column.holds(s.id)]
+            found = best(group)
+            cells.append(None if found is None else GridCell(summary=found, anchor=_trajectory_anchor(found.id), samples=len(group)))
         rows.append(GridRow(task=task, cells=tuple(cells)))
     return tuple(rows)
 
 
-def fast_p_rows(summaries: Sequence[TrajectorySummary], variants: Sequence[str]) -> tuple[FastPRow, ...]:
-    """fast_p per variant over each trajectory's best attempt.
-
-    The denominator is every (task, sample) of the run, so a trajectory missing from a variant
-    counts as a failure, as tools/metrics.py scores missing tasks.
-    """
-    total = len({(s.id.task, s.id.sample) for s in summaries})
-    samples: dict[str, list[int]] = {}
-    for s in summaries:
-        samples.setdefault(s.id.task, [])
-        if s.id.sample not in samples[s.id.task]:
-            samples[s.id.task].append(s.id.sample)
+def fast_p_rows(summaries: Sequence[TrajectorySummary]) -> tuple[FastPRow, ...]:
+    """fast_p per level × variant × strategy × precision, scored as `refinery report` scores the
+    run's results (traces/scoring.py), from each trajectory's record built from its trace."""
+    scores = score([s.record() for s in summaries])
+    levels = _several(g.level for g in scores)
+    strategies = _several(g.strategy for g in scores) or any(g.strategy != "refine" for g in scores)
+    precisions = _several(g.precision for g in scores)
     rows = []
-    for variant in variants:
-        mine = {(s.id.task, s.id.sample): s.outcome() for s in summaries if s.id.variant == variant}
-        outcomes = list(mine.values())
-        # Per task, its samples of the run in this variant; a missing one is a miss, as in the value.
-        per_task = [[mine.get((task, n)) for n in ns] for task, ns in sorted(samples.items())]
-
-        def rate(hit: Any, per_task: list[list[Any]] = per_task) -> Estimate:
-            return rate_estimate([[o is not None and bool(hit(o)) for o in task] for task in per_task])
-
+    for g in scores:
+        parts = [
+            *([f"L{g.level}"] if levels else []),
+            g.variant,
+            *([g.strategy] if strategies else []),
+            *([g.precision] if precisions else []),
+        ]
+        estimates = g.estimates()
         rows.append(
             FastPRow(
-                variant=variant,
-                trajectories=len(outcomes),
-                total=total,
-                correct=correctness_rate(outcomes, total),
-                fast=tuple(fast_p(outcomes, p, total) for p in P_VALUES),
-                geomean=geomean_speedup(outcomes),
-                correct_ci=rate(lambda o: o.correct),
-                fast_ci=tuple(rate(lambda o, p=p: o.correct and o.speedup is not None and o.speedup > p) for p in P_VALUES),
-                geomean_ci=geomean_estimate([[o.speedup for o in task if o is not None and o.correct and o.speedup] for task in per_task]),
+                group=g,
+                label=" · ".join(parts),
+                correct=estimates["correct"],
+                fast=tuple(estimates[f"fast_{p:g}"] for p in P_VALUES),
+                geomean=estimates["geomean"],
             )
         )
     return tuple(rows)
 
 
 def build_report(trajectories: Sequence[Trajectory], title: str) -> ReportView:
-    summaries = [
-        summarise(t) for t in sorted(trajectories, key=lambda t: (t.id.task, t.id.variant, t.id.sample, t.id.strategy, t.id.precision))
-    ]
-    variants = tuple(variants_of(trajectories))
+    summaries = [summarise(t) for t in sorted(trajectories, key=lambda t: t.id)]
+    columns = grid_columns([s.id for s in summaries])
     views = tuple(trajectory_view(s) for s in summaries)
     return ReportView(
         title=title,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         models=tuple(sorted({r.model for t in trajectories for r in t.records})),
-        variants=variants,
-        grid=overview_grid(summaries, variants),
+        variants=tuple(variants_of(trajectories)),
+        columns=columns,
+        grid=overview_grid(summaries, columns),
         p_values=P_VALUES,
-        fast_p=fast_p_rows(summaries, variants),
+        fast_p=fast_p_rows(summaries),
         interval_method=METHOD,
         trajectories=views,
         tokens=sum(s.tokens.total for s in summaries),
@@ -417,7 +422,7 @@ def _times_ci(e: Estimate | None) -> str:
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(ASSETS), autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["speedup"] = format_speedup
-    env.filters["percent"] = lambda value: f"{100 * value:.0f}%"
+    env.filters["percent"] = lambda value: "-" if value is None else f"{100 * value:.0f}%"
     env.filters["rate_ci"] = _rate_ci
     env.filters["times_ci"] = _times_ci
     env.filters["interval"] = format_interval
@@ -426,6 +431,7 @@ def _environment() -> Environment:
 
 def render_report(trajectories: Sequence[Trajectory], title: str) -> str:
     """The whole page as one string; nothing in it refers to a file or a network address."""
+    """The whole page as one string; nothing in it refers to a file or a network address. The run's
     css = (ASSETS / "report.css").read_text(encoding="utf-8") + "\n" + _FORMATTER.get_style_defs(".hl")
     js = (ASSETS / "report.js").read_text(encoding="utf-8")
     return (

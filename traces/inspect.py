@@ -20,13 +20,13 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from tools.metrics import TaskOutcome
 from tools.results import EvalStatus
 from traces.errors import UserError
+from traces.outcome import TrajectoryRecord, trajectory_record
 from traces.schema import TokenUsage, TrajectoryId, TurnRecord
 from traces.store import iter_trajectories, traces_dir
 from traces.terminal import add_name_column, add_number_column, badge_text, compact_table
-from traces.verdict import Verdict
+from traces.verdict import Verdict, best
 
 
 class TraceLookupError(UserError, LookupError):
@@ -46,22 +46,14 @@ class Trajectory:
 
     @property
     def label(self) -> str:
-        return f"{self.id.task} · {self.id.variant} · sample {self.id.sample}{qualifier(self.id)}"
-
-
-def qualifier(trajectory: TrajectoryId) -> str:
-    """What sets a trajectory apart beyond task, variant and sample: " (beam, bf16)"; "" for refine at fp32."""
-    parts = [
-        p for p in (trajectory.strategy != "refine" and trajectory.strategy, trajectory.precision != "fp32" and trajectory.precision) if p
-    ]
-    return f" ({', '.join(parts)})" if parts else ""
+        return self.id.label
 
 
 @dataclass(frozen=True)
 class TrajectorySummary:
     trajectory: Trajectory
     best: TurnRecord | None
-    """The fastest correct turn; without one, the turn that got furthest (see Verdict)."""
+    """The best turn (traces.verdict.best): the fastest correct one; without one, the one that got furthest."""
     tokens: TokenUsage
     seconds: float
 
@@ -78,6 +70,15 @@ class TrajectorySummary:
         return self.best.status if self.best is not None else Verdict.NO_CODE
 
     @property
+    def status(self) -> Verdict:
+        """The best turn's verdict, under the name traces.verdict.best reads (the best of several samples)."""
+        return self.best_status
+
+    @property
+    def speedup(self) -> float | None:
+        return self.best_speedup
+
+    @property
     def best_speedup(self) -> float | None:
         return self.best.speedup if self.best is not None else None
 
@@ -90,10 +91,13 @@ class TrajectorySummary:
         """The evaluator's 95% interval of the best speedup, where its result carries one."""
         return speedup_interval(self.best) if self.best is not None else None
 
-    def outcome(self) -> TaskOutcome:
-        """The trajectory's best attempt, in the form tools/metrics.py scores."""
-        status = self.best_status
-        return TaskOutcome(task=self.id.task, correct=status is Verdict.CORRECT, speedup=self.best_speedup, compiled=status.compiled)
+    def record(self) -> TrajectoryRecord:
+        """The trajectory's outcome as results.jsonl keeps it, built as an experiment builds it, so the
+        HTML report scores what `refinery report` scores (traces/scoring.py)."""
+        records = self.trajectory.records
+        level = next((r.level for r in records if r.level is not None), 0)  # traces before levels: 0
+        evals = sum(1 for r in records if r.result is not None)
+        return trajectory_record(self.id, level, records, tokens=self.tokens.total, evals=evals)
 
 
 class SortKey(str, Enum):
@@ -120,20 +124,11 @@ def load_run(run_dir: Path) -> list[Trajectory]:
     return trajectories
 
 
-def best_record(records: Sequence[TurnRecord]) -> TurnRecord | None:
-    """The fastest correct turn (ties: the earliest); else the earliest turn that got furthest."""
-    correct = [r for r in records if r.status is Verdict.CORRECT]
-    if correct:
-        return max(correct, key=lambda r: (r.speedup or 0.0, -r.turn))
-    if not records:
-        return None
-    return max(records, key=lambda r: (r.status.rank, -r.turn))
-
-
 def summarise(trajectory: Trajectory) -> TrajectorySummary:
     tokens = sum((r.tokens for r in trajectory.records), TokenUsage())
     seconds = sum(sum(r.phase_seconds.values()) for r in trajectory.records)
-    return TrajectorySummary(trajectory=trajectory, best=best_record(trajectory.records), tokens=tokens, seconds=seconds)
+    # Records are in turn order, so a tie goes to the earliest turn.
+    return TrajectorySummary(trajectory=trajectory, best=best(trajectory.records), tokens=tokens, seconds=seconds)
 
 
 def variants_of(trajectories: Iterable[Trajectory]) -> list[str]:
@@ -145,16 +140,24 @@ def tasks_of(trajectories: Iterable[Trajectory]) -> list[str]:
 
 
 def filter_summaries(
-    summaries: Iterable[TrajectorySummary], status: Verdict | None = None, variant: str | None = None
+    summaries: Iterable[TrajectorySummary],
+    status: Verdict | None = None,
+    variant: str | None = None,
+    strategy: str | None = None,
+    precision: str | None = None,
 ) -> list[TrajectorySummary]:
-    return [s for s in summaries if (status is None or s.best_status == status) and (variant is None or s.id.variant == variant)]
+    return [
+        s
+        for s in summaries
+        if (status is None or s.best_status == status)
+        and (variant is None or s.id.variant == variant)
+        and (strategy is None or s.id.strategy == strategy)
+        and (precision is None or s.id.precision == precision)
+    ]
 
 
 def sort_summaries(summaries: Iterable[TrajectorySummary], key: SortKey = SortKey.TASK) -> list[TrajectorySummary]:
-    def identity(s: TrajectorySummary) -> tuple[str, str, int, str, str]:
-        return (s.id.task, s.id.variant, s.id.sample, s.id.strategy, s.id.precision)
-
-    by_identity = sorted(summaries, key=identity)
+    by_identity = sorted(summaries, key=lambda s: s.id)
     if key is SortKey.SPEEDUP:
         # Stable sorts: within equal keys the identity order holds.
         return sorted(by_identity, key=lambda s: (s.best_speedup is None, -(s.best_speedup or 0.0)))
@@ -172,18 +175,28 @@ def _name_of(task_key: str) -> str:
 _NUMBER = re.compile(r"^\d+_")  # KernelBench's task numbers: 4_softmax
 
 
-def resolve_task(trajectories: Sequence[Trajectory], task: str) -> str:
-    """The task key that `task` names: the key itself ("level1/4_softmax"), or an unambiguous bare
-    name, with its number ("4_softmax") or without it ("softmax")."""
+def _named_tasks(trajectories: Sequence[Trajectory], task: str) -> list[str]:
+    """The task keys that `task` may name: the key itself ("level1/4_softmax"), or every task with
+    that bare name, with its number ("4_softmax") or without it ("softmax")."""
     keys = tasks_of(trajectories)
     if task in keys:
-        return task
+        return [task]
     named = [k for k in keys if _name_of(k) == task] or [k for k in keys if _NUMBER.sub("", _name_of(k)) == task]
-    if len(named) == 1:
-        return named[0]
-    if named:
+    if not named:
+        raise TraceLookupError(f"no task {task!r} in these traces; tasks: {', '.join(keys)}")
+    return named
+
+
+def resolve_task(trajectories: Sequence[Trajectory], task: str) -> str:
+    """The task key that `task` names: the key itself, or an unambiguous bare name."""
+    named = _named_tasks(trajectories, task)
+    if len(named) > 1:
         raise TraceLookupError(f"task name {task!r} is ambiguous: {', '.join(named)}; give the full key")
-    raise TraceLookupError(f"no task {task!r} in these traces; tasks: {', '.join(keys)}")
+    return named[0]
+
+
+_SELECTORS = ("variant", "sample", "strategy", "precision")
+"""The fields of a trajectory's id that `refinery traces show/diff` select with a flag of that name."""
 
 
 def find_trajectories(
@@ -192,28 +205,36 @@ def find_trajectories(
     variant: str | None = None,
     sample: int | None = None,
     precision: str | None = None,
+    strategy: str | None = None,
 ) -> list[Trajectory]:
-    """The trajectories of one task, narrowed by variant, sample and precision; never empty."""
-    key = resolve_task(trajectories, task)
-    found = [t for t in trajectories if t.id.task == key]
-    if variant is not None:
-        narrowed = [t for t in found if t.id.variant == variant]
+    """The trajectories of one task, narrowed by variant, sample, strategy and precision; never empty.
+
+    A bare task name that fits several tasks is refused only where the flags leave trajectories of
+    more than one of them."""
+    named = _named_tasks(trajectories, task)
+    what = named[0] if len(named) == 1 else repr(task)
+    found = [t for t in trajectories if t.id.task in named]
+    wanted: dict[str, str | int | None] = {"variant": variant, "sample": sample, "strategy": strategy, "precision": precision}
+    for field in _SELECTORS:
+        value = wanted[field]
+        if value is None:
+            continue
+        narrowed = [t for t in found if getattr(t.id, field) == value]
         if not narrowed:
-            raise TraceLookupError(f"task {key} has no variant {variant!r}; variants: {', '.join(variants_of(found))}")
+            present = ", ".join(str(v) for v in sorted({getattr(t.id, field) for t in found}))
+            shown = value if field == "sample" else repr(value)
+            raise TraceLookupError(f"task {what} has no {field} {shown}; {field}s: {present}")
         found = narrowed
-    if sample is not None:
-        narrowed = [t for t in found if t.id.sample == sample]
-        if not narrowed:
-            samples = ", ".join(str(s) for s in sorted({t.id.sample for t in found}))
-            raise TraceLookupError(f"task {key} has no sample {sample}; samples: {samples}")
-        found = narrowed
-    if precision is not None:
-        narrowed = [t for t in found if t.id.precision == precision]
-        if not narrowed:
-            precisions = ", ".join(sorted({t.id.precision for t in found}))
-            raise TraceLookupError(f"task {key} has no {precision} trajectory; precisions: {precisions}")
-        found = narrowed
-    return sorted(found, key=lambda t: (t.id.variant, t.id.sample, t.id.strategy, t.id.precision))
+    tasks = sorted({t.id.task for t in found})
+    if len(tasks) > 1:
+        raise TraceLookupError(f"task name {task!r} is ambiguous: {', '.join(tasks)}; give the full key")
+    return sorted(found, key=lambda t: t.id)
+
+
+def picking_flags(trajectory: TrajectoryId, among: Sequence[TrajectoryId]) -> str:
+    """The flags that pick `trajectory` out of `among`: those of the fields in which they differ."""
+    varying = [f for f in _SELECTORS if len({getattr(t, f) for t in among}) > 1]
+    return " ".join(f"--{f} {getattr(trajectory, f)}" for f in varying)
 
 
 def one_trajectory(
@@ -222,12 +243,13 @@ def one_trajectory(
     variant: str | None = None,
     sample: int | None = None,
     precision: str | None = None,
+    strategy: str | None = None,
 ) -> Trajectory:
-    found = find_trajectories(trajectories, task, variant, sample, precision)
+    found = find_trajectories(trajectories, task, variant, sample, precision, strategy)
     if len(found) > 1:
-        names = ", ".join(f"{t.id.variant} sample {t.id.sample}{qualifier(t.id)}" for t in found)
-        how = "--variant, --sample and --precision" if len({t.id.precision for t in found}) > 1 else "--variant and --sample"
-        raise TraceLookupError(f"task {found[0].id.task} has {len(found)} trajectories ({names}); pick one with {how}")
+        ids = [t.id for t in found]
+        names = "; ".join(f"{i.variant} sample {i.sample}{i.qualifier}: {picking_flags(i, ids)}" for i in ids)
+        raise TraceLookupError(f"task {found[0].id.task} has {len(found)} trajectories; pick one with its flags: {names}")
     return found[0]
 
 
@@ -414,7 +436,7 @@ def summary_table(summaries: Sequence[TrajectorySummary], wide: bool = False) ->
         add_number_column(table, "completion")
     for s in summaries:
         table.add_row(
-            s.id.task + qualifier(s.id),
+            s.id.task + s.id.qualifier,
             s.id.variant,
             str(s.id.sample),
             _badge(s.best_status),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from tools.results import EvalResult, EvalStatus
 
@@ -95,3 +96,36 @@ _STYLE: dict[Verdict, str] = {
 def best_verdict(verdicts: Iterable[Verdict]) -> Verdict:
     """The verdict that got furthest (the first among equals); no_code when there is none."""
     return max(verdicts, key=lambda v: v.rank, default=Verdict.NO_CODE)
+
+
+class Judged(Protocol):
+    """Anything with a verdict and a speedup: an attempt, a trace record, a turn's outcome, a trajectory."""
+
+    @property
+    def status(self) -> Verdict: ...
+
+    @property
+    def speedup(self) -> float | None: ...
+
+
+J = TypeVar("J", bound=Judged)
+
+
+def merit(judged: Judged) -> tuple[bool, float, int]:
+    """How good an attempt is, larger better: correct before not, then faster, then the failure
+    that got furthest (a speedup counts only for a correct attempt)."""
+    correct = judged.status is Verdict.CORRECT
+    return (correct, (judged.speedup or 0.0) if correct else 0.0, judged.status.rank)
+
+
+def best(items: Iterable[J]) -> J | None:
+    """The best of `items` by `merit`, the first among equals (so give them in the order they
+    happened: the earliest wins a tie); None when there are none.
+
+    The one place "best" is decided: a trajectory's best attempt, its best trace record, the beam's
+    seeds, the best of a task's samples in the HTML grid all come from here."""
+    chosen: J | None = None
+    for item in items:
+        if chosen is None or merit(item) > merit(chosen):
+            chosen = item
+    return chosen

@@ -32,9 +32,10 @@ from pathlib import Path
 
 import psutil
 
-from bench.experiment import ExperimentConfig, TrajectoryRecord, plan, read_results, results_path
+from bench.experiment import ExperimentConfig, TrajectoryRecord, plan, read_result, read_results, results_path
 from bench.soak import KERNELS_CPP
 from bench.soak.fake_server import FaultPlan, ServerLog, draft_tag, serve
+from traces.schema import TrajectoryId
 
 KERNELS = KERNELS_CPP.read_text()
 FUNCTIONS = ["relu_slow", "crash", "spin", "hog", "oob_write", "chatty", "forker", "chain", "gelu_wrong"]
@@ -214,9 +215,9 @@ def table(records: list[TrajectoryRecord]) -> list[tuple]:
     return [(s.level, s.variant, s.tasks, s.correct, s.compiled, s.fast_p["0"]) for s in score(records)]
 
 
-def outcomes(records: list[TrajectoryRecord]) -> dict[tuple, tuple]:
+def outcomes(records: list[TrajectoryRecord]) -> dict[TrajectoryId, tuple]:
     """Each trajectory's turn statuses and best status."""
-    return {r.run_key: (tuple(t.status for t in r.per_turn), r.best_status) for r in records}
+    return {r.id: (tuple(t.status for t in r.per_turn), r.best_status) for r in records}
 
 
 @dataclass
@@ -339,10 +340,10 @@ def _raw_keys(run_dir: Path) -> Counter:
         return counts
     for line in path.read_text().splitlines():
         try:
-            data = json.loads(line)
+            record = read_result(line)
         except ValueError:
-            continue
-        counts[(data["task"], data["variant"], data["sample"], data.get("strategy", "refine"))] += 1
+            continue  # a torn line
+        counts[record.id] += 1
     return counts
 
 
@@ -539,7 +540,7 @@ def run_round(
 
     raw = _raw_keys(faulty_dir)
     faulty = read_results(faulty_dir)
-    planned = {(item[0].key, *item[1:]) for item in plan(config)}
+    planned = {planned.id for planned in plan(config)}
     lost = len(planned - set(raw))
     duplicated = sum(c - 1 for c in raw.values() if c > 1)
     totals.lost += lost
@@ -558,18 +559,18 @@ def run_round(
     totals.outcomes_differ += len(differ)
     for k in differ:
         say(f"round {index}: outcome differs for {k}: faulty {a.get(k)} clean {b.get(k)}")
-    clean_turns = {r.run_key: [t.status for t in r.per_turn] for r in clean}
+    clean_turns = {r.id: [t.status for t in r.per_turn] for r in clean}
     for r in faulty:
         name = r.task.rsplit("/", 1)[-1]
         for turn, outcome in enumerate(r.per_turn):
             status = outcome.status
             kind = effective_kind(name, kinds[name][min(turn, len(kinds[name]) - 1)])
             totals.candidates[kind] += 1
-            again = clean_turns.get(r.run_key, [])
+            again = clean_turns.get(r.id, [])
             if status == expected_status(name, kind) and turn < len(again) and again[turn] == status:
                 totals.candidates_survived[kind] += 1
             else:
-                say(f"round {index}: {r.run_key} turn {turn + 1} ({kind}): {status}, expected {expected_status(name, kind)}")
+                say(f"round {index}: {r.id} turn {turn + 1} ({kind}): {status}, expected {expected_status(name, kind)}")
     if lost == 0 and duplicated == 0 and same_table and not differ:
         totals.faults_survived.update(server_log.faults)
         totals.worker_kills_survived += kills_this_round

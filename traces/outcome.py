@@ -1,0 +1,119 @@
+"""The outcome of one trajectory: what results.jsonl keeps, and the one thing every score reads.
+
+An experiment writes a `TrajectoryRecord` per finished trajectory (bench/experiment.py); the HTML
+report builds the same record from a trajectory's trace (traces/inspect.py). Both go through
+`trajectory_record`, so a trajectory's best attempt is decided once (traces.verdict.best), and
+`refinery report`, `report --compare` and `refinery traces html` score the same records
+(traces/scoring.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from tools.results import NONFINITE_AS_STRINGS
+from traces.schema import TrajectoryId
+from traces.verdict import Judged, Verdict, best
+
+RESULTS_SCHEMA_VERSION = 1
+"""Version history of results.jsonl records (bench/experiment.read_result migrates older ones):
+- 0: before the version field: `per_turn` as [status, speedup] pairs.
+- 1: `schema_version`; `per_turn` as TurnOutcome objects."""
+
+
+class TurnOutcome(BaseModel):
+    """One attempt of a trajectory, as the results keep it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", **NONFINITE_AS_STRINGS)
+    status: Verdict
+    speedup: float | None = None
+    """None unless correct."""
+
+
+class TrajectoryRecord(BaseModel):
+    """One line of results.jsonl: the outcome of one trajectory."""
+
+    model_config = ConfigDict(frozen=True, **NONFINITE_AS_STRINGS)
+    schema_version: int = RESULTS_SCHEMA_VERSION
+    task: str
+    level: int
+    variant: str
+    sample: int
+    best_status: Verdict
+    best_speedup: float | None
+    best_turn: int | None
+    turns: int
+    compiled: bool
+    tokens: int
+    per_turn: tuple[TurnOutcome, ...]
+    """Each turn's verdict and speedup, for fast_p against the turn; in evaluation order for search
+    strategies, so it also gives the best speedup per evaluation spent."""
+    strategy: str = "refine"
+    evals: int | None = None
+    """Candidate evaluations spent; None in results written before strategies (count per_turn)."""
+    precision: str = "fp32"
+    """fp32, fp16 or bf16 (results written before precisions were fp32)."""
+    tolerance: float | None = None
+    """atol = rtol in force for outputs of that precision; None in results written before it was recorded."""
+    allow_tf32: bool = False
+
+    @property
+    def id(self) -> TrajectoryId:
+        """The trajectory's identity: unique within a run directory (results before strategies
+        were all refine, before precisions fp32)."""
+        return TrajectoryId(task=self.task, variant=self.variant, sample=self.sample, strategy=self.strategy, precision=self.precision)
+
+    @property
+    def correct(self) -> bool:
+        return self.best_status is Verdict.CORRECT
+
+    @property
+    def evaluations(self) -> int:
+        return self.evals if self.evals is not None else sum(1 for t in self.per_turn if t.status is not Verdict.NO_CODE)
+
+
+class Attempted(Judged, Protocol):
+    """An attempt as `trajectory_record` reads it: a loop's Attempt, or a trace's TurnRecord."""
+
+    @property
+    def turn(self) -> int: ...
+
+
+def trajectory_record(
+    trajectory: TrajectoryId,
+    level: int,
+    attempts: Sequence[Attempted],
+    tokens: int,
+    evals: int,
+    tolerance: float | None = None,
+    allow_tf32: bool = False,
+) -> TrajectoryRecord:
+    """The record of a trajectory's attempts, given in evaluation order.
+
+    The best attempt is `best`'s (ties to the earliest turn); the record keeps its turn and speedup
+    only when it is correct, and its verdict always (the furthest any attempt got)."""
+    # A stable sort by turn: best-of-n's samples each start again at turn 1.
+    found = best(sorted(attempts, key=lambda a: a.turn))
+    best_status = found.status if found is not None else Verdict.NO_CODE
+    correct = found if found is not None and best_status is Verdict.CORRECT else None
+    return TrajectoryRecord(
+        task=trajectory.task,
+        level=level,
+        variant=trajectory.variant,
+        sample=trajectory.sample,
+        best_status=best_status,
+        best_speedup=correct.speedup if correct is not None else None,
+        best_turn=correct.turn if correct is not None else None,
+        turns=len(attempts),
+        compiled=best_status.compiled,
+        tokens=tokens,
+        per_turn=tuple(TurnOutcome(status=a.status, speedup=a.speedup if a.status is Verdict.CORRECT else None) for a in attempts),
+        strategy=trajectory.strategy,
+        evals=evals,
+        precision=trajectory.precision,
+        tolerance=tolerance,
+        allow_tf32=allow_tf32,
+    )
