@@ -102,8 +102,8 @@ def build_chat_model(settings: ModelSettings, base_url: str | None = None) -> Ba
     key = api_key(settings)
     if key is None and url is None:
         raise ModelCallError(
-            f"no API key: set {settings.api_key_env} (or name another with --set llm.api_key_env=NAME), or use --set llm.base_url=URL for a "
-            "local OpenAI-compatible server, or --model local for the embedded model"
+            f"no API key: set {settings.api_key_env} (or name another with --set llm.api_key_env=NAME), "
+            "or use --set llm.base_url=URL for a local OpenAI-compatible server, or --model local for the embedded model"
         )
     cls = ChatOpenAI
     if base_url is not None:

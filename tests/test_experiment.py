@@ -330,7 +330,8 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
     )
     relu = Path(__file__).parent.parent / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
     result = CliRunner().invoke(
-        app, ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--set", "loop.hardware_prompt=false"]
+        app,
+        ["run", "--task", str(relu), "--config", str(toml), "--turns", "4", "--strategy", "beam", "--set", "loop.hardware_prompt=false"],
     )
     assert result.exit_code == 0, result.output
     run = seen["run"]
