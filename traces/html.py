@@ -431,7 +431,6 @@ def _environment() -> Environment:
 
 def render_report(trajectories: Sequence[Trajectory], title: str) -> str:
     """The whole page as one string; nothing in it refers to a file or a network address."""
-    """The whole page as one string; nothing in it refers to a file or a network address. The run's
     css = (ASSETS / "report.css").read_text(encoding="utf-8") + "\n" + _FORMATTER.get_style_defs(".hl")
     js = (ASSETS / "report.js").read_text(encoding="utf-8")
     return (
