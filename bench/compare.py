@@ -22,6 +22,7 @@ from rich.console import Console
 from agent.config import Variant
 from bench.experiment import TrajectoryRecord, read_results, results_path
 from traces.errors import ConfigError, RunDirError
+from traces.manifest import Difference, differences, read_manifest
 from traces.scoring import geomean, rate_hits
 from traces.stats import METHOD, Estimate, mean_interval, paired_difference, paired_ratio
 from traces.terminal import add_name_column, add_number_column, compact_table, print_table
@@ -36,6 +37,8 @@ class Side(BaseModel):
     model_config = ConfigDict(frozen=True)
     label: str
     records: list[TrajectoryRecord]
+    run_dir: Path | None = None
+    """Set where the side is a whole run directory: its manifest tells how it was measured."""
 
 
 class MetricDifference(BaseModel):
@@ -70,6 +73,10 @@ class Comparison(BaseModel):
     only_a: int
     only_b: int
     metrics: list[MetricDifference]
+    measured_differently: list[Difference] = []
+    """Two run directories: what differs between their manifests (machine, software, settings, code)."""
+    unrecorded: list[str] = []
+    """Two run directories: the labels of those without a manifest, which cannot be checked."""
 
 
 def _runs(path: str) -> bool:
@@ -86,7 +93,7 @@ def _variant(text: str) -> str | None:
 def resolve_sides(run_dir: Path | None, a: str, b: str) -> tuple[Side, Side, Callable[[TrajectoryRecord], Key], str]:
     """The two sides, the pairing key of a record, and what the pairs are made of."""
     if _runs(a) and _runs(b):
-        sides = [Side(label=x, records=read_results(Path(x))) for x in (a, b)]
+        sides = [Side(label=x, records=read_results(Path(x)), run_dir=Path(x)) for x in (a, b)]
         several = len({r.precision for side in sides for r in side.records}) > 1
         paired_on = "task, variant, strategy and precision" if several else "task, variant and strategy"
         return sides[0], sides[1], lambda r: r.id.without("sample"), paired_on
@@ -195,7 +202,11 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
             tasks=len(xs),
         )
     )
+    manifests = {side.label: read_manifest(side.run_dir) for side in (a, b) if side.run_dir is not None}
+    recorded = [m for m in manifests.values() if m is not None]
     return Comparison(
+        measured_differently=differences(recorded[0], recorded[1]) if len(recorded) == 2 else [],
+        unrecorded=[label for label, m in manifests.items() if m is None],
         a=a.label,
         b=b.label,
         paired_on=paired_on,
@@ -238,6 +249,19 @@ def render(c: Comparison, console: Console, wide: bool = False) -> None:
         f"[bold]compare[/] A = {c.a}, B = {c.b}: {c.tasks} tasks, {c.pairs} pairs (same {c.paired_on}){left_out}",
         highlight=False,
     )
+    if c.measured_differently:
+        console.print(
+            "[bold yellow]warning: A and B were measured differently[/] (their manifest.json): "
+            + "; ".join(d.describe() for d in c.measured_differently)
+            + ". A difference below may come from these as much as from the runs themselves.",
+            highlight=False,
+        )
+    if c.unrecorded:
+        console.print(
+            f"[yellow]note:[/] {' and '.join(c.unrecorded)} has no manifest.json (made before manifests were written): "
+            "whether both were measured on the same machine and settings cannot be checked",
+            highlight=False,
+        )
     table = compact_table(
         caption=(
             "n: tasks; rates in % of tasks (a task's pairs averaged), B − A in percentage points; geomean over "

@@ -16,11 +16,13 @@ from agent.quiet import QuietHost
 from agent.state import Attempt, TaskSpec
 from agent.strategies import StrategyRun, run_strategy
 from bench.experiment import ExperimentConfig, TrajectoryRecord, is_correct, plan, prepare_run_dir, read_results, run_experiment
+from bench.provenance import collect_manifest
 from bench.render import print_trajectory_end, turn_line
 from bench.report import report
 from bench.tasks import Task
 from tools.config import EvalConfig
 from tools.hardware import describe
+from traces.manifest import write_manifest
 from traces.schema import TrajectoryId
 
 QUIET_NOTE = " · LLM calls and evaluations take turns (embedded model on this CPU)"
@@ -55,6 +57,7 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    write_manifest(run_dir, collect_manifest(config.eval, [(task.key, task.path)]))
     trajectory = TrajectoryId(task=task.key, variant=config.loop.variant, precision=config.eval.precision)
     quiet = QUIET_NOTE if needs_quiet_host(config.llm, config.eval) else ""
     console.print(
@@ -86,7 +89,13 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
 
 
 def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool = False) -> None:
-    prepare_run_dir(run_dir, config)
+    changed = prepare_run_dir(run_dir, config)
+    if changed:
+        console.print(
+            f"[bold yellow]warning:[/] {run_dir} was run before with other facts ({'; '.join(d.describe() for d in changed)}); "
+            "its results mix both (the earlier manifest is kept as manifest-before-*.json)",
+            highlight=False,
+        )
     total = len(plan(config))
     numerics = config.eval
     done = [r for r in read_results(run_dir) if r.precision == numerics.precision]

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from bench.experiment import TrajectoryRecord, read_results
 from traces.errors import RunDirError
+from traces.manifest import RunManifest, read_manifest
 from traces.scoring import (  # the scores themselves live in traces/scoring.py (shared with the HTML report)
     P_VALUES,
     GroupScores,
@@ -102,6 +103,13 @@ def numerics_lines(scores: list[GroupScores]) -> list[str]:
         tf32 = "allowed" if any(s.allow_tf32 for s in group) else "off"
         lines.append(f"precision {precision}: {judged}, TF32 {tf32}")
     return lines
+
+
+def measured_line(manifest: RunManifest | None) -> str:
+    """The report's first line: where and how the run was measured (traces/manifest.py)."""
+    if manifest is None:
+        return "measured: no manifest.json (a run made before manifests were written)"
+    return f"measured: {manifest.summary()}"
 
 
 def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
@@ -336,10 +344,13 @@ def report(run_dir: Path, console: Console | None = None, plots: bool = True, wi
         )
     scores = score(records)
     strategies = score_strategies(records)
-    (Path(run_dir) / "report.json").write_text(json.dumps([s.model_dump() for s in scores], indent=2))
+    manifest = read_manifest(run_dir)
+    saved = {"manifest": manifest.model_dump(mode="json") if manifest else None, "groups": [s.model_dump() for s in scores]}
+    (Path(run_dir) / "report.json").write_text(json.dumps(saved, indent=2))
     if has_strategies(strategies):
         (Path(run_dir) / "strategies.json").write_text(json.dumps([s.model_dump() for s in strategies], indent=2))
     if console is not None:
+        console.print(measured_line(manifest), highlight=False, markup=False)
         for line in numerics_lines(scores):
             console.print(line, highlight=False, markup=False)
         print_table(console, render_table(scores, wide=wide), wide)

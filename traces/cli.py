@@ -142,9 +142,11 @@ def html_command(
 ) -> None:
     """One self-contained HTML report: the run overview and every trajectory's turns."""
     from traces.html import render_report
+    from traces.manifest import read_manifest
 
     trajectories = _load(run_dir)
     target = output or Path(run_dir) / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_report(trajectories, title=Path(run_dir).resolve().name), encoding="utf-8")
+    page = render_report(trajectories, title=Path(run_dir).resolve().name, manifest=read_manifest(run_dir))
+    target.write_text(page, encoding="utf-8")
     _console().print(f"wrote {target} ({len(trajectories)} trajectories)")

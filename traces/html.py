@@ -39,6 +39,7 @@ from traces.inspect import (
     variants_of,
     verdict_of,
 )
+from traces.manifest import RunManifest
 from traces.schema import TrajectoryId, TurnRecord
 from traces.scoring import P_VALUES, GroupScores, score
 from traces.stats import METHOD, Estimate
@@ -429,8 +430,9 @@ def _environment() -> Environment:
     return env
 
 
-def render_report(trajectories: Sequence[Trajectory], title: str) -> str:
-    """The whole page as one string; nothing in it refers to a file or a network address."""
+def render_report(trajectories: Sequence[Trajectory], title: str, manifest: RunManifest | None = None) -> str:
+    """The whole page as one string; nothing in it refers to a file or a network address. The run's
+    manifest, where it has one, heads the page: where and how its numbers were measured."""
     css = (ASSETS / "report.css").read_text(encoding="utf-8") + "\n" + _FORMATTER.get_style_defs(".hl")
     js = (ASSETS / "report.js").read_text(encoding="utf-8")
     return (
@@ -439,6 +441,7 @@ def render_report(trajectories: Sequence[Trajectory], title: str) -> str:
         .render(
             report=build_report(trajectories, title),
             verdicts=list(Verdict),
+            manifest=manifest,
             css=Markup(css),  # noqa: S704 - the package's own stylesheet
             js=Markup(js),  # noqa: S704 - the package's own script
         )
