@@ -59,6 +59,10 @@ class StoredBaseline(Frozen):
     compiled: TimingStats | None = None
     """torch.compile of the reference: used only together with an accepted eager reference."""
     roofline_ms: float | None = None
+    compiled_samples_ms: tuple[float, ...] = ()
+    """torch.compile's per-call times, for a speedup's interval against that baseline."""
+    noise_band: tuple[float, float] | None = None
+    """The reference's A/A band (see tools/timing_stage.py): None in files written before it."""
     measured_at: float = Field(default_factory=time.time)
     """Unix time of the measurement."""
 
@@ -98,7 +102,8 @@ def baseline_setting(cfg: EvalConfig, device: torch.device, worker_key: tuple[An
         "seed": cfg.seed,
         "fresh_inputs": cfg.guards.fresh_inputs,
         "fresh_input_source": cfg.guards.fresh_input_source,
-        "time_compiled_reference": cfg.time_compiled_reference,
+        "time_compiled_reference": cfg.times_compiled_reference,
+        "noise_band": cfg.noise_band,
     }
 
 

@@ -102,6 +102,14 @@ class EvalConfig(BaseModel):
     trials: int = Field(100, ge=1, description="timed calls of each of reference and candidate")
     time_compiled_reference: bool = True
     """Also time torch.compile of the reference (costs a compile per task; cached per run)."""
+    baseline: Literal["eager", "compile", "best"] = "eager"
+    """What a speedup is measured against: eager PyTorch (the paper's), torch.compile of the
+    reference, or the faster of the two per task. "compile" and "best" time the compiled reference
+    whatever `time_compiled_reference` says; where torch.compile fails, the task falls back to eager
+    and its result says why (TimingReport.baseline_fallback)."""
+    noise_band: bool = True
+    """Time the reference against itself once per task (an A/A run, cached with the baseline): a
+    speedup inside that band is marked "no difference from the reference"."""
     baseline_cache: bool = True
     """Keep reference timings on disk (cache_dir/baselines) for new workers and later runs; a stored
     one is used only after a short re-timing of the reference in the worker agrees with it."""
@@ -117,6 +125,11 @@ class EvalConfig(BaseModel):
     """Threads for torch and OpenMP in the worker; None: the cores given to it."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
     guards: Guards = Field(default_factory=Guards)
+
+    @property
+    def times_compiled_reference(self) -> bool:
+        """torch.compile of the reference is timed: asked for, or the speedup's baseline needs it."""
+        return self.time_compiled_reference or self.baseline != "eager"
 
     def tolerance_for(self, dtype_name: str) -> Tolerance | None:
         if self.tolerance is not None:

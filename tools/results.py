@@ -190,6 +190,16 @@ class TimingReport(Frozen):
     reference_spot_ms: float | None = None
     """The median of the spot check, whenever one ran: with "cached", the check that let the stored
     baseline be used; with "measured", the one that rejected it."""
+    baseline: Literal["eager", "compile"] = "eager"
+    """What `speedup` and `speedup_ci95` are measured against: the eager reference, or torch.compile
+    of it (EvalConfig.baseline "compile", or "best" where compile was faster)."""
+    baseline_fallback: str | None = None
+    """Why the speedup is against eager although another baseline was asked for (compile failed)."""
+    noise_band: tuple[float, float] | None = None
+    """The reference timed against itself (an A/A run, same method and calls): the 95% interval of
+    that ratio. A speedup inside it is no difference from the reference that the timing can show."""
+    within_noise: bool | None = None
+    """The speedup lies inside `noise_band`: "no difference from the reference"."""
 
 
 class ProfileRow(Frozen):

@@ -58,6 +58,9 @@ class Baseline:
     """"measured" in this worker, or "cached": read from disk and confirmed by a spot check here."""
     spot_ms: float | None = None
     """The spot check's median, whenever one ran: measured with it, the stored baseline disagreed."""
+    compiled_samples: tuple[float, ...] = ()
+    noise_band: tuple[float, float] | None = None
+    """The reference timed against itself: the 95% interval of that ratio (see `measure_baseline`)."""
 
 
 def call_seed(cfg: EvalConfig, call: int, salt: int) -> int:
@@ -143,12 +146,30 @@ def mixed_inputs(pool: list[list[Any]], rng: random.Random) -> list[Any]:
     ]
 
 
+def symmetric_band(interval: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The A/A ratio's interval made symmetric about 1 (as a ratio): which of two timings of the same
+    program is "A" is arbitrary, so a ratio r and 1/r are the same noise. It always holds 1."""
+    if interval is None:
+        return None
+    low, high = interval
+    reach = max(high, 1 / low, 1.0)
+    return 1 / reach, reach
+
+
 def measure_baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, make_args: MakeArgs) -> Baseline:
+    """The reference timed; with `cfg.noise_band`, timed again the same way (an A/A run), whose
+    ratio's interval is the band a speedup must leave to be a difference the timing can show."""
     reference = timer.time(ref_model, make_args, cfg.warmup, cfg.trials)
+    band = None
+    if cfg.noise_band:
+        again = timer.time(ref_model, make_args, cfg.warmup, cfg.trials)
+        band = symmetric_band(speedup_interval(reference.samples_ms, again.samples_ms, seed=cfg.seed))
     compiled = compiled_error = None
-    if cfg.time_compiled_reference:
+    compiled_samples: tuple[float, ...] = ()
+    if cfg.times_compiled_reference:
         try:
-            compiled = timer.time(torch.compile(ref_model), make_args, max(cfg.warmup, 1), cfg.trials).stats
+            timed = timer.time(torch.compile(ref_model), make_args, max(cfg.warmup, 1), cfg.trials)
+            compiled, compiled_samples = timed.stats, tuple(timed.samples_ms)
         except Exception as exc:  # noqa: BLE001 - torch.compile can fail on a machine without a toolchain: the report says why
             compiled_error = f"{type(exc).__name__}: {str(exc).strip()[:_COMPILED_ERROR_CHARS]}"
     try:
@@ -156,7 +177,14 @@ def measure_baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model:
     except Exception as exc:  # noqa: BLE001 - information only: an op the counter cannot follow leaves it unknown
         print(f"no roofline for the reference: {exc}", file=sys.stderr)
         roofline = None
-    return Baseline(reference=reference, compiled=compiled, roofline_ms=roofline, compiled_error=compiled_error)
+    return Baseline(
+        reference=reference,
+        compiled=compiled,
+        roofline_ms=roofline,
+        compiled_error=compiled_error,
+        compiled_samples=compiled_samples,
+        noise_band=band,
+    )
 
 
 def _stored_or_measured(
@@ -169,12 +197,22 @@ def _stored_or_measured(
     digest = baseline_key(setting)
     stored = None if cfg.remeasure_baselines else store.load(digest)
     spot = None
+    if stored is not None and cfg.noise_band and stored.noise_band is None:
+        stored = None  # written before the A/A run: measured again, with it
     if stored is not None:
         # Timed as the full measurement is (same inputs, warm-up and clock), only fewer calls.
         spot = timer.time(ref_model, calls.make, cfg.warmup, spot_calls(cfg)).stats.median
         if agrees(stored.reference.median, spot):
             reference = Timed(stored.reference, stored.reference_samples_ms)
-            return Baseline(reference, stored.compiled, stored.roofline_ms, source="cached", spot_ms=spot)
+            return Baseline(
+                reference,
+                stored.compiled,
+                stored.roofline_ms,
+                source="cached",
+                spot_ms=spot,
+                compiled_samples=stored.compiled_samples_ms,
+                noise_band=stored.noise_band,
+            )
         log.info(
             "stored baseline disagrees with the reference timed now; measuring it again", stored_ms=stored.reference.median, spot_ms=spot
         )
@@ -189,6 +227,8 @@ def _stored_or_measured(
                 reference_samples_ms=base.reference.samples_ms,
                 compiled=base.compiled,
                 roofline_ms=base.roofline_ms,
+                compiled_samples_ms=base.compiled_samples,
+                noise_band=base.noise_band,
             )
         )
     return base
@@ -368,6 +408,20 @@ def check_clock(run: RemoteTiming, calibration: Calibration) -> None:
         )
 
 
+def chosen_baseline(cfg: EvalConfig, base: Baseline) -> tuple[Literal["eager", "compile"], tuple[float, ...], str | None]:
+    """What the speedup is against (EvalConfig.baseline), its per-call samples, and why eager stands
+    in when torch.compile gave no baseline."""
+    eager = tuple(base.reference.samples_ms)
+    if cfg.baseline == "eager":
+        return "eager", eager, None
+    if base.compiled is None or not base.compiled_samples:
+        why = base.compiled_error or "torch.compile of the reference was not timed"
+        return "eager", eager, f"baseline {cfg.baseline!r} asked for, but torch.compile gave none ({why}): against eager"
+    if cfg.baseline == "best" and base.reference.stats.median <= base.compiled.median:
+        return "eager", eager, None
+    return "compile", base.compiled_samples, None
+
+
 CLOCK_ATTEMPTS = 3
 """Timings a candidate gets before its reported times are refused. The timed calls of a fast
 kernel span only milliseconds, so one burst of other work on a small machine can stretch every
@@ -440,7 +494,10 @@ def time_candidate(
     samples = tuple(run.samples_ms)
     cand = stats(list(samples), "cuda-events" if program.device.type == "cuda" else "monotonic")
     ref = base.reference.stats
-    speedup = ref.median / cand.median if cand.median > 0 else float("inf")
+    against, against_samples, fallback = chosen_baseline(cfg, base)
+    baseline_ms = ref.median if against == "eager" else base.compiled.median if base.compiled else ref.median
+    speedup = baseline_ms / cand.median if cand.median > 0 else float("inf")
+    band = base.noise_band
     compiled = base.compiled
     return TimingReport(
         candidate=cand,
@@ -449,7 +506,11 @@ def time_candidate(
         compiled_error=base.compiled_error,
         speedup=speedup,
         speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 else None,
-        speedup_ci95=speedup_interval(base.reference.samples_ms, samples, seed=cfg.seed),
+        speedup_ci95=speedup_interval(against_samples, samples, seed=cfg.seed),
+        baseline=against,
+        baseline_fallback=fallback,
+        noise_band=band,
+        within_noise=(band[0] <= speedup <= band[1]) if band is not None else None,
         fresh_inputs=cfg.guards.fresh_inputs,
         input_source=calls.source,
         checked_calls=checked,
