@@ -120,6 +120,7 @@ def eval_command(
     device: OptDeviceOpt = None,
     backend: BackendOpt = None,
     precision: PrecisionOpt = None,
+    baseline: BaselineOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Evaluate one candidate against its reference: static check, compile, correctness, timing, profile.
@@ -129,7 +130,7 @@ def eval_command(
     from tools.jobs import TaskProgram
 
     configure_logging(quiet=as_json)
-    flags = {**given_flags(device=device, backend=backend, precision=precision), **parse_overrides(overrides or [])}
+    flags = {**given_flags(device=device, backend=backend, precision=precision, baseline=baseline), **parse_overrides(overrides or [])}
     settings, _ = load_settings(EvalSettings, config_file, flags)
     config = settings.eval
     device = config.device
@@ -159,6 +160,7 @@ FLAG_KEYS = {
     "device": "eval.device",
     "backend": "eval.backend",
     "precision": "eval.precision",
+    "baseline": "eval.baseline",
 }
 """The config key each everyday flag of `run`, `experiment` and `eval` sets; any other flag sets the
 key of its own name (--strategy, --suite, ...). Every other setting: --set KEY=VALUE."""
@@ -183,6 +185,9 @@ ModelOpt = Annotated[str | None, typer.Option(help="model name; 'local' (embedde
 TurnsOpt = Annotated[int | None, typer.Option(help="turn budget (default 10)")]
 BackendOpt = Annotated[str | None, typer.Option(help="cpp, cuda or triton; default: the device's")]
 OptDeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu (default) or cuda")]
+BaselineOpt = Annotated[
+    str | None, typer.Option("--baseline", help="what speedups are against: eager (default), compile (torch.compile) or best (the faster)")
+]
 
 
 @app.command("run")
@@ -227,6 +232,7 @@ def experiment_command(
     precision: Annotated[
         str | None, typer.Option("--precision", help="fp32 (default), fp16 or bf16; another precision may share a --run-dir")
     ] = None,
+    baseline: BaselineOpt = None,
     run_dir: Annotated[Path | None, typer.Option(help="re-running on an existing directory resumes it")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="the final table with every p, one line per row")] = False,
 ) -> None:
@@ -237,7 +243,7 @@ def experiment_command(
 
     configure_logging(quiet=True)
     flags = given_flags(suite=suite, levels=_ints(levels), tasks=tasks, variants=_list(variants), turns=turns, model=model, device=device)
-    flags.update(given_flags(precision=precision))
+    flags.update(given_flags(precision=precision, baseline=baseline))
     flags.update(parse_overrides(overrides or []))
     config, file_run_dir = load_settings(ExperimentConfig, config_file, flags)
     check_model(config.llm.model)

@@ -47,7 +47,14 @@ def print_result(console: Console, name: str, result: EvalResult) -> None:
         elif t.compiled_error:
             table.add_row("torch.compile", f"no baseline: {t.compiled_error}")
         flag = " [yellow](re-verified)[/]" if t.suspicious else ""
-        table.add_row("speedup", f"[bold]{speedup_text(t)}[/]{flag}")
+        against = f" against {getattr(t, 'baseline', 'eager')}"
+        table.add_row("speedup", f"[bold]{speedup_text(t)}[/]{against}{flag}")
+        band = getattr(t, "noise_band", None)
+        if band is not None:
+            verdict = "[yellow]no difference from the reference[/]" if t.within_noise else "outside it"
+            table.add_row("A/A band", f"{band[0]:.3g}–{band[1]:.3g}x (the reference against itself): {verdict}")
+        if getattr(t, "baseline_fallback", None):
+            table.add_row("baseline", f"[yellow]{t.baseline_fallback}[/]")
     if result.static is not None and result.static.warnings:
         table.add_row("warnings", "\n".join(result.static.warnings))
     console.print(table)
