@@ -298,3 +298,36 @@ def test_nsight_compute_metrics_for_a_cuda_candidate(evaluator: Evaluator) -> No
     assert "softmax_kernel" in kernel.name
     assert kernel.duration_us > 0 and kernel.registers > 0 and kernel.shared_bytes >= 128
     assert kernel.verdict.split()[0] in ("memory-bound", "compute-bound", "latency-bound")
+
+
+@pytest.mark.parametrize(("method", "clock"), [("host", "host-wall"), ("graph", "cuda-graph")])
+def test_each_timing_method_times_both_sides_and_records_itself(cuda_config: EvalConfig, method: str, clock: str) -> None:
+    """--set eval.timing=host|graph: the reference and the candidate timed the same way, the clock
+    recorded; the speedup stays near the events method's (same kernels, other clock)."""
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "1_relu")
+    source = (FIXTURES / "cuda_solutions" / "1_relu.py").read_text()
+    program = TaskProgram(name=task.name, source=task.source_for("cuda"))
+    results = {}
+    for name in ("events", method):
+        with Evaluator(cuda_config.model_copy(update={"timing": name, "time_compiled_reference": False})) as ev:
+            results[name] = ev.evaluate(program, source)
+    for name, result in results.items():
+        assert result.status is EvalStatus.CORRECT, f"{name}: {result.message}"
+        assert result.timing is not None
+    timed = results[method].timing
+    assert timed is not None and timed.candidate.clock == clock
+    events = results["events"].timing
+    assert events is not None and 0.5 < timed.speedup / events.speedup < 2.0, (timed.speedup, events.speedup)
+    record(f"timing_{method}", {"speedup": timed.speedup, "events_speedup": events.speedup, "candidate_ms": timed.candidate.median})
+
+
+def test_a_forward_that_cannot_be_captured_is_told_to_use_events(cuda_config: EvalConfig) -> None:
+    """A host synchronisation inside forward (`.item()`) cannot be captured in a CUDA graph."""
+    task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "1_relu")
+    source = (FIXTURES / "cuda_solutions" / "1_relu.py").read_text()
+    syncing = re.sub(r"(\n\s+)return relu\.relu_cuda", r"\1_ = float(x.sum().item())\1return relu.relu_cuda", source, count=1)
+    assert syncing != source
+    with Evaluator(cuda_config.model_copy(update={"timing": "graph", "time_compiled_reference": False})) as ev:
+        result = ev.evaluate(TaskProgram(name=task.name, source=task.source_for("cuda")), syncing)
+    assert result.status is not EvalStatus.CORRECT
+    assert "cannot be captured in a CUDA graph" in result.message and "eval.timing=events" in result.message

@@ -104,6 +104,7 @@ def baseline_setting(cfg: EvalConfig, device: torch.device, worker_key: tuple[An
         "fresh_input_source": cfg.guards.fresh_input_source,
         "time_compiled_reference": cfg.times_compiled_reference,
         "noise_band": cfg.noise_band,
+        "timing": cfg.timing,
     }
 
 

@@ -102,6 +102,10 @@ class EvalConfig(BaseModel):
     trials: int = Field(100, ge=1, description="timed calls of each of reference and candidate")
     time_compiled_reference: bool = True
     """Also time torch.compile of the reference (costs a compile per task; cached per run)."""
+    timing: Literal["events", "host", "graph"] = "events"
+    """How each call is timed on CUDA, the reference's and the candidate's alike (tools/timing.py):
+    CUDA events (default), the host's clock around the synchronized call, or CUDA-graph replay for
+    microsecond kernels. On CPU every method is the monotonic clock. Every result records which."""
     baseline: Literal["eager", "compile", "best"] = "eager"
     """What a speedup is measured against: eager PyTorch (the paper's), torch.compile of the
     reference, or the faster of the two per task. "compile" and "best" time the compiled reference

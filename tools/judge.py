@@ -59,7 +59,8 @@ class JudgeState:
     tasks: dict[str, ModuleType] = field(default_factory=dict)
     baselines: dict[tuple[Any, ...], Baseline] = field(default_factory=dict)
     timer: Timer | None = None
-    calibration: Calibration | None = None
+    calibrations: dict[str, Calibration] = field(default_factory=dict)
+    """The harness's own cost per timing method, measured at its first use."""
 
     def task(self, job: EvalJob) -> ModuleType:
         key = source_hash(job.task_source)
@@ -79,8 +80,9 @@ def _timing(state: JudgeState, job: EvalJob, program: Program, first_seed: int) 
     cfg = job.config
     if state.timer is None:
         state.timer = Timer(state.device)
-    if state.calibration is None:
-        state.calibration = calibrate(state.timer)
+    state.timer.use(cfg.timing)
+    if cfg.timing not in state.calibrations:
+        state.calibrations[cfg.timing] = calibrate(state.timer)
     ref_model = program.reference(cfg.seed)
     new_model = program.new_model(cfg.seed)
     baseline_key = (
@@ -89,12 +91,13 @@ def _timing(state: JudgeState, job: EvalJob, program: Program, first_seed: int) 
         cfg.trials,
         cfg.times_compiled_reference,
         cfg.noise_band,
+        cfg.timing,
         cfg.seed,
         cfg.precision,
         cfg.allow_tf32,
     )
     report = time_candidate(
-        state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key, state.calibration, store_for(cfg)
+        state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key, state.calibrations[cfg.timing], store_for(cfg)
     )
     after = verify_after_timing(program, cfg, ref_model, new_model, cfg.seed + 3_000_003)
     if not after.passed:

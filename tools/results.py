@@ -149,7 +149,7 @@ class TimingStats(Frozen):
     min: float
     max: float
     trials: int
-    clock: str = Field(description="cuda-events or monotonic")
+    clock: str = Field(description="cuda-events, host-wall or cuda-graph (EvalConfig.timing), or monotonic on CPU")
 
 
 class TimingReport(Frozen):

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -74,24 +74,115 @@ def speedup_interval(reference_ms: tuple[float, ...], candidate_ms: tuple[float,
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-class Timer:
-    """Times callables on one device; holds the L2 flush buffer across calls."""
+TimingMethod = Literal["events", "host", "graph"]
+"""How a call is timed on CUDA (tools/config.py, EvalConfig.timing); on CPU every method is the
+monotonic clock around the call."""
 
-    def __init__(self, device: torch.device):
+CLOCKS: dict[str, str] = {"events": "cuda-events", "host": "host-wall", "graph": "cuda-graph"}
+
+
+class GraphCaptureFailed(RuntimeError):
+    """The callable cannot be captured in a CUDA graph: time it with events instead."""
+
+
+class Timer:
+    """Times callables on one device; holds the L2 flush buffer across calls.
+
+    Methods on CUDA (all with an L2 flush and a device-wide synchronize around the call):
+    - "events": CUDA events around the call (the default, as KernelBench's cuda_event);
+    - "host": the host's monotonic clock around the synchronized call, a cross-check that counts
+      launch overhead the way a user's program meets it;
+    - "graph": the call captured once in a CUDA graph and replayed between events, for kernels of
+      tens of microseconds where launch overhead would dominate. New inputs are copied into the
+      captured ones before each replay (outside the timed span); what is replayed is exactly the
+      captured launches, so Python-side work in forward is not timed (nor repeated)."""
+
+    def __init__(self, device: torch.device, method: TimingMethod = "events"):
         self.device = device
+        self.method: TimingMethod = method
         self._flush: torch.Tensor | None = None
+        self._graphs: dict[int, tuple[Any, list[Any], Any]] = {}
         if device.type == "cuda":
             self._flush = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+
+    def use(self, method: TimingMethod) -> None:
+        """The method for the next calls; graphs captured so far are dropped (with the models they hold)."""
+        self.method = method
+        self._graphs.clear()
+
+    @property
+    def clock(self) -> str:
+        return CLOCKS[self.method] if self.device.type == "cuda" else "monotonic"
 
     def time(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None = None) -> Timed:
         with torch.no_grad():
             for i in range(warmup):
                 fn(*make_args(i))
-            if self.device.type == "cuda":
+            if self.device.type == "cuda" and self.method == "events":
                 samples = self._time_cuda(fn, make_args, warmup, trials, after_call)
-                return Timed(stats(samples, "cuda-events"), tuple(samples))
-            samples = self._time_cpu(fn, make_args, warmup, trials, after_call)
-            return Timed(stats(samples, "monotonic"), tuple(samples))
+            elif self.device.type == "cuda":
+                samples = self._time_each(fn, make_args, warmup, trials, after_call)
+            else:
+                samples = self._time_cpu(fn, make_args, warmup, trials, after_call)
+            return Timed(stats(samples, self.clock), tuple(samples))
+
+    def _time_each(
+        self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None
+    ) -> list[float]:
+        samples = []
+        for i in range(trials):
+            args = make_args(warmup + i)
+            out, ms = self.time_call(fn, args)
+            samples.append(ms)
+            if after_call is not None:
+                after_call(i, args, out)
+            del args, out
+        return samples
+
+    def _host(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
+        assert self._flush is not None
+        self._flush.zero_()
+        torch.cuda.synchronize(self.device)
+        start_ns = time.perf_counter_ns()
+        out = fn(*args)
+        torch.cuda.synchronize(self.device)
+        return out, (time.perf_counter_ns() - start_ns) / 1e6
+
+    def _graph(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
+        """Captured on the first call of this callable (after a warm-up on a side stream), replayed after."""
+        assert self._flush is not None
+        entry = self._graphs.get(id(fn))
+        if entry is None or entry[0] is not fn:
+            static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            try:
+                with torch.cuda.stream(side):
+                    fn(*static)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    output = fn(*static)
+            except Exception as exc:  # whatever the capture refused, this method cannot time it
+                raise GraphCaptureFailed(
+                    f"its forward cannot be captured in a CUDA graph ({type(exc).__name__}: {str(exc).strip()[:300]}); "
+                    "time it with events (--set eval.timing=events)"
+                ) from exc
+            entry = (fn, static, (graph, output))
+            self._graphs[id(fn)] = entry
+        _, static, (graph, output) = entry
+        for slot, arg in zip(static, args, strict=True):
+            if isinstance(slot, torch.Tensor) and isinstance(arg, torch.Tensor) and slot.data_ptr() != arg.data_ptr():
+                slot.copy_(arg)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._flush.zero_()
+        torch.cuda.synchronize(self.device)
+        start.record()
+        graph.replay()
+        torch.cuda.synchronize(self.device)
+        end.record()
+        end.synchronize()
+        return output, start.elapsed_time(end)
 
     def time_call(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
         """One call and its milliseconds, as `time` takes each of its samples."""
@@ -100,6 +191,10 @@ class Timer:
                 start_ns = time.perf_counter_ns()
                 out = fn(*args)
                 return out, (time.perf_counter_ns() - start_ns) / 1e6
+            if self.method == "host":
+                return self._host(fn, args)
+            if self.method == "graph":
+                return self._graph(fn, args)
             assert self._flush is not None
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self._flush.zero_()

@@ -492,7 +492,7 @@ def time_candidate(
             run, checked = _below_floor(clocked, floor)
             retimed = True
     samples = tuple(run.samples_ms)
-    cand = stats(list(samples), "cuda-events" if program.device.type == "cuda" else "monotonic")
+    cand = stats(list(samples), timer.clock)
     ref = base.reference.stats
     against, against_samples, fallback = chosen_baseline(cfg, base)
     baseline_ms = ref.median if against == "eager" else base.compiled.median if base.compiled else ref.median

@@ -231,7 +231,7 @@ def _call(state: WorkerState, request: Call) -> Called:
     with torch.no_grad():
         if request.timed:
             if state.timer is None:
-                state.timer = Timer(state.device)
+                state.timer = Timer(state.device, state.config.timing)
             out, elapsed = state.timer.time_call(model, args)
         else:
             with OpRecorder() if request.record_ops else contextlib.nullcontext() as recorder:
