@@ -24,9 +24,13 @@ def _measured(m: Measured, one_line: bool = False) -> str:
     return f"{head} {m.speedup:.3g}x " + (f"[dim]\\[{low_high}][/]" if one_line else f"\n[dim]{low_high}[/]")
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
 def print_header(console: Console, run_dir: Path, plan: ReverifyPlan) -> None:
     resumed = f" ({len(plan.done)} already in reverify.json)" if plan.done else ""
-    console.print(f"[bold]reverify[/] {run_dir}: {len(plan.todo) + len(plan.done)} kernels{resumed}", highlight=False)
+    console.print(f"[bold]reverify[/] {run_dir}: {_count(len(plan.todo) + len(plan.done), 'kernel')}{resumed}", highlight=False)
     console.print(f"on this machine: {plan.manifest.summary()}", highlight=False, markup=False)
     if plan.measured_differently:
         console.print(
@@ -69,7 +73,8 @@ def summary_line(rechecks: Sequence[Recheck]) -> str:
     fast_1 = sum(1.0 in r.fast_p_changed for r in rechecks)
     fast_any = sum(bool(r.fast_p_changed) for r in rechecks)
     return (
-        f"{len(rechecks)} kernels re-checked: {verdicts} verdicts changed, {moved} speedups outside their recorded interval, "
+        f"{_count(len(rechecks), 'kernel')} re-checked: {_count(verdicts, 'verdict')} changed, "
+        f"{_count(moved, 'speedup')} outside the recorded interval, "
         f"fast_1 membership changed for {fast_1} (fast_p at any threshold for {fast_any})"
     )
 

@@ -17,6 +17,7 @@ from bench.experiment import ExperimentConfig, prepare_run_dir, run_experiment
 from bench.reverify import Measured, Recheck, read_reverify, record_id
 from tools.pool import EvaluatorPool
 from traces.inspect import load_run, summarise
+from traces.manifest import read_manifest, write_manifest
 from traces.schema import TrajectoryId
 from traces.verdict import Verdict
 
@@ -85,27 +86,33 @@ def test_reverify_reproduces_then_flags_a_planted_flip(run_dir: Path) -> None:
     # The verdict reproduces; the speedup of a kernel near 1x on a shared 2-core machine may cross a
     # fast_p threshold, so the speedup flags are checked on known numbers (test_what_a_recheck_flags).
     assert the_id in first.output and "verdict changed" not in first.output, first.output
-    assert "1 kernels re-checked: 0 verdicts changed" in first.output
+    assert "1 kernel re-checked: 0 verdicts changed" in first.output
     saved = read_reverify(run_dir)
     (recheck,) = saved.rechecks
     assert recheck.recorded.verdict is Verdict.CORRECT and recheck.now.verdict is Verdict.CORRECT
     assert recheck.now.speedup is not None and recheck.now.interval is not None
     assert recheck.seed != 42, "fresh seeds, not the run's"
-    assert saved.manifest is not None and saved.measured_differently == [], "the same machine and settings"
+    # The same machine and settings; only the commit may have moved (others commit to this checkout meanwhile).
+    assert saved.manifest is not None and {d.field for d in saved.measured_differently} <= {"source.commit", "source.dirty"}
 
     # Resumed: a kernel already in reverify.json is not judged again.
     again = refinery("reverify", run_dir)
     assert again.exit_code == 0 and "(1 already in reverify.json)" in again.output, again.output
     assert read_reverify(run_dir).rechecks == [recheck]
 
-    # The kernel on disk is now wrong: a re-check by its id flags the flip and exits 1.
+    # The kernel on disk is now wrong: a re-check by its id flags the flip and exits 1. The run's
+    # manifest now holds another hash of the task file: that is flagged too, and warned about.
     plant(run_dir, RIGHT, WRONG)
+    recorded = read_manifest(run_dir)
+    assert recorded is not None
+    write_manifest(run_dir, recorded.model_copy(update={"tasks": (recorded.tasks[0].model_copy(update={"sha256": "0" * 64}),)}))
     flipped = refinery("reverify", run_dir, "--record", the_id)
     assert flipped.exit_code == 1, flipped.output
     assert "verdict changed: correct → incorrect" in flipped.output, flipped.output
-    assert "fast_p changed at p = 0" in flipped.output
+    assert "fast_p changed at p = 0" in flipped.output and "task file changed since the run" in flipped.output
+    assert "warning: measured differently from the run" in flipped.output and "tasks.level1/1_relu" in flipped.output
     (now,) = read_reverify(run_dir).rechecks
-    assert now.verdict_changed and now.now.verdict is Verdict.INCORRECT and now.fast_p_changed[0] == 0.0
+    assert now.verdict_changed and now.now.verdict is Verdict.INCORRECT and now.fast_p_changed[0] == 0.0 and now.task_changed
     assert "incorrect" in now.headline
 
 
