@@ -118,8 +118,12 @@ class Experiment:
 
     @classmethod
     def from_toml(cls, path: Path | str, run_dir: Path | str | None = None) -> Experiment:
-        """The settings of a TOML file, as `refinery experiment --config` reads them."""
-        return cls(ExperimentConfig.from_toml(Path(path)), run_dir)
+        """The settings of a TOML file, as `refinery experiment --config` reads them; the run directory
+        is `run_dir`, else the file's `run_dir`, else a new one under runs/."""
+        from bench.settings import load_settings
+
+        config, file_run_dir = load_settings(ExperimentConfig, Path(path), {})
+        return cls(config, run_dir if run_dir is not None else file_run_dir)
 
     def run(self) -> list[TrajectoryRecord]:
         """Every trajectory not finished yet; returns all records of the experiment's precision."""

@@ -109,3 +109,10 @@ def test_an_experiment_runs_reports_and_leaves_traces(tmp_path: Path, cache_dir:
     assert turns[0].result is not None and turns[0].result.status is not None and turns[0].result.status.value == "rejected"
     with pytest.raises(RunDirError, match="no traces/ folder"):
         load_traces(tmp_path)
+
+
+def test_an_experiment_from_a_toml_file_keeps_its_run_dir_unless_given(tmp_path: Path) -> None:
+    demo = Path(__file__).parent.parent / "bench" / "configs" / "demo.toml"
+    from_file = Experiment.from_toml(demo)
+    assert from_file.run_dir == Path("runs/demo") and from_file.config.loop.turns == 3
+    assert Experiment.from_toml(demo, run_dir=tmp_path).run_dir == tmp_path
