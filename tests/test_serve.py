@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,12 +20,16 @@ import httpx
 import pytest
 from candidates import FIXTURES, candidate
 from result_compare import comparable
+from starlette.testclient import TestClient
 
 from bench.api import evaluate
+from bench.serve import ServeOptions, create_app
 from bench.serve_client import Client, ServiceError
 from bench.serve_protocol import SERVER_FIELDS, RequestSettings
+from bench.serve_queue import EvaluationJob, EvaluationQueue, QueueFull
 from tools.config import EvalConfig
-from tools.results import EvalResult
+from tools.jobs import TaskProgram
+from tools.results import EvalResult, EvalStatus
 
 TOKEN = "test-token-7f3a"
 SMALL_RELU = FIXTURES / "small_relu_task.py"
@@ -221,3 +226,68 @@ def test_a_requests_settings_on_the_servers_within_its_time_limit(tmp_path: Path
     config = RequestSettings(trials=5, precision="bf16", compile_timeout_s=10).applied_to(server, time_limit_s=60)
     assert (config.trials, config.precision, config.cache_dir, config.timeout_s, config.compile_timeout_s) == (5, "bf16", tmp_path, 60, 10)
     assert RequestSettings().applied_to(server) == server
+
+
+def test_the_queue_admits_whole_requests_up_to_its_capacity_and_frees_cancelled_ones() -> None:
+    """EvaluationQueue with a fake evaluate that blocks until released: no worker process starts."""
+    release = threading.Event()
+    task = TaskProgram(name="t", source="")
+    config = EvalConfig(device="cpu")
+
+    def fake_evaluate(_: TaskProgram, code: str, __: EvalConfig) -> EvalResult:
+        release.wait(30)
+        if code == "raise":
+            raise RuntimeError("a broken worker")
+        return EvalResult(status=EvalStatus.CORRECT if code == "ok" else EvalStatus.INCORRECT)
+
+    queue = EvaluationQueue(fake_evaluate, workers=1, queue_size=2)
+    try:
+        running = queue.submit([EvaluationJob(task, "ok", config)])
+        waiting = queue.submit([EvaluationJob(task, "wrong", config), EvaluationJob(task, "raise", config)])
+        deadline = time.monotonic() + 10
+        while queue.metrics().running < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert (queue.metrics().running, queue.metrics().queue_depth) == (1, 2)
+        with pytest.raises(QueueFull, match="3 of 3 admitted, 1 asked for"):
+            queue.submit([EvaluationJob(task, "ok", config)])
+        assert waiting[1].cancel(), "a job that has not started can be dropped (its request timed out)"
+        assert queue.metrics().queue_depth == 1
+        (extra,) = queue.submit([EvaluationJob(task, "ok", config)])  # the cancelled job's place
+        release.set()
+        assert [f.result(10).status for f in (*running, waiting[0], extra)] == [
+            EvalStatus.CORRECT,
+            EvalStatus.INCORRECT,
+            EvalStatus.CORRECT,
+        ]
+    finally:
+        release.set()
+        queue.close()
+    metrics = queue.metrics()
+    assert (metrics.running, metrics.queue_depth, metrics.refused_full) == (0, 0, 1)
+    assert metrics.verdicts == {"correct": 2, "incorrect": 1} and metrics.evaluations_total == 3 and metrics.failed == 0
+
+    failing = EvaluationQueue(fake_evaluate, workers=1, queue_size=0)
+    try:
+        (broken,) = failing.submit([EvaluationJob(task, "raise", config)])
+        with pytest.raises(RuntimeError, match="broken worker"):
+            broken.result(10)
+    finally:
+        failing.close()
+    assert failing.metrics().failed == 1 and failing.metrics().verdicts == {}
+
+
+def test_the_app_in_process_never_imports_the_candidate(cache_dir: Path) -> None:
+    """create_app with the real pool, called through starlette's TestClient: the candidate is judged
+    in a worker, and no module of this process defines its ModelNew afterwards."""
+    options = ServeOptions(token=TOKEN, eval=EvalConfig(device="cpu", cache_dir=cache_dir), workers=1, queue_size=0)
+    marked = CORRECT.replace("class ModelNew(", "SERVE_TEST_MARKER = 1\n\n\nclass ModelNew(")
+    with TestClient(create_app(options)) as app:
+        answer = app.post(
+            "/evaluate",
+            json={"task_source": TASK_SOURCE, "code": marked, "settings": SETTINGS},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert answer.status_code == 200, answer.text
+        assert EvalResult.model_validate_json(answer.content).correct
+    assert not [name for name, module in list(sys.modules.items()) if hasattr(module, "SERVE_TEST_MARKER")]
