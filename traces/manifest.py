@@ -143,6 +143,8 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _shown(value: object) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
+        return value[:10]  # a commit: ten hex digits name it in practice
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value)) or "none"
     return str(value)
