@@ -270,3 +270,22 @@ def test_one_function_decides_best_for_attempts_seeds_and_trace_records() -> Non
     assert select_seeds(nodes[:4], 1) == [nodes[2]]
     assert summarise(Trajectory(id=TrajectoryId(task="t", variant="G"), path=Path("t.jsonl"), records=trace[:4])).best is trace[2]
     assert best([]) is None
+
+
+def test_the_trajectory_id_is_one_ordered_hashable_key() -> None:
+    refine = TrajectoryId(task="level1/1_relu", variant="G+E")
+    beam_bf16 = TrajectoryId(task="level1/1_relu", variant="G+E", strategy="beam", precision="bf16")
+    other_task = TrajectoryId(task="level1/2_gelu", variant="G")
+    assert sorted([other_task, refine, beam_bf16]) == [beam_bf16, refine, other_task], "task, variant, sample, strategy, precision"
+    assert beam_bf16.model_copy(update={"strategy": "refine"}) < refine and not refine > refine and refine <= refine
+    assert len({refine, TrajectoryId(task="level1/1_relu", variant="G+E", sample=0), beam_bf16}) == 2
+    assert beam_bf16.without("sample", "strategy") == ("level1/1_relu", "G+E", "bf16")
+    with pytest.raises(ValueError, match="no field level"):
+        refine.without("level")
+    assert refine.label == "level1/1_relu · G+E · sample 0" and beam_bf16.label == "level1/1_relu · G+E · sample 0 (beam, bf16)"
+    assert beam_bf16.flags == "--variant G+E --sample 0 --strategy beam --precision bf16"
+    record = TrajectoryRecord(
+        task="level1/1_relu", level=1, variant="G+E", sample=0, best_status=Verdict.NO_CODE, best_speedup=None, best_turn=None,
+        turns=1, compiled=False, tokens=0, per_turn=(), strategy="beam", precision="bf16",
+    )  # fmt: skip
+    assert record.id == beam_bf16
