@@ -159,6 +159,7 @@ def create_app(options: ServeOptions, service: Service = pool_service) -> FastAP
         finally:
             queue.close()
             close_pool()
+            log.info("serve_stopped")
 
     app = FastAPI(title="kernel-refinery evaluator", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=options.max_request_bytes)

@@ -6,9 +6,11 @@ its own request, and a request past the time limit 504 — the server serving on
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,12 +19,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from candidates import FIXTURES, candidate
 from result_compare import comparable
 from starlette.testclient import TestClient
+from typer.testing import CliRunner
 
 from bench.api import evaluate
+from bench.cli import app
 from bench.serve import ServeOptions, create_app
 from bench.serve_client import Client, ServiceError
 from bench.serve_protocol import SERVER_FIELDS, RequestSettings
@@ -51,31 +56,41 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(cache_dir: Path, *flags: str) -> Iterator[str]:
-    """`refinery serve` with `flags` until the block ends; yields its URL once /health answers."""
+    """`refinery serve` with `flags` until the block ends; yields its URL once /health answers. On
+    SIGTERM at the end it must shut down (closing its pool) and leave none of its worker and judge processes."""
     port = free_port()
     env = {**os.environ, "REFINERY_SERVE_TOKEN": TOKEN, "REFINERY_CACHE_DIR": str(cache_dir)}
     command = [sys.executable, "-c", "from bench.cli import app; app()", "serve", "--port", str(port), *flags]
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, f"the server exited: {server.stdout.read().decode() if server.stdout else ''}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer /health within 120 s"
-            time.sleep(0.3)
-        yield url
-    finally:
-        server.terminate()
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: nobody reads the log while the server runs
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def output() -> str:
+            log.seek(0)
+            return log.read().decode(errors="replace")[-4000:]
+
         try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, f"the server exited: {output()}"
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "the server did not answer /health within 120 s"
+                time.sleep(0.3)
+            yield url
+            children = psutil.Process(server.pid).children(recursive=True)
+            server.terminate()
+            # uvicorn shuts down, then raises the SIGTERM it caught again: the exit status is -15.
+            assert server.wait(60) in (0, -signal.SIGTERM) and "serve_stopped" in output(), output()
+            _, alive = psutil.wait_procs(children, timeout=10)
+            assert not alive, f"processes left behind by the server: {alive}"
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
 
 
 @pytest.fixture(scope="module")
@@ -282,8 +297,8 @@ def test_the_app_in_process_never_imports_the_candidate(cache_dir: Path) -> None
     in a worker, and no module of this process defines its ModelNew afterwards."""
     options = ServeOptions(token=TOKEN, eval=EvalConfig(device="cpu", cache_dir=cache_dir), workers=1, queue_size=0)
     marked = CORRECT.replace("class ModelNew(", "SERVE_TEST_MARKER = 1\n\n\nclass ModelNew(")
-    with TestClient(create_app(options)) as app:
-        answer = app.post(
+    with TestClient(create_app(options)) as http:
+        answer = http.post(
             "/evaluate",
             json={"task_source": TASK_SOURCE, "code": marked, "settings": SETTINGS},
             headers={"Authorization": f"Bearer {TOKEN}"},
@@ -291,3 +306,8 @@ def test_the_app_in_process_never_imports_the_candidate(cache_dir: Path) -> None
         assert answer.status_code == 200, answer.text
         assert EvalResult.model_validate_json(answer.content).correct
     assert not [name for name, module in list(sys.modules.items()) if hasattr(module, "SERVE_TEST_MARKER")]
+
+
+def test_serve_without_a_token_is_a_user_error() -> None:
+    result = CliRunner().invoke(app, ["serve", "--port", "1"], env={"REFINERY_SERVE_TOKEN": "", "REFINERY_DEBUG": ""})
+    assert result.exit_code == 2 and "needs a token: give --token or set REFINERY_SERVE_TOKEN" in result.stderr, result.output
