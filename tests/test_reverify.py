@@ -149,3 +149,27 @@ def test_what_a_recheck_flags() -> None:
     unknown = recheck(Measured(verdict=Verdict.CORRECT, speedup=1.2), Measured(verdict=Verdict.CORRECT, speedup=3.0, interval=(2.9, 3.1)))
     assert not unknown.speedup_moved, "without the recorded interval, no claim on overlap"
     assert unknown.fast_p_changed == (1.5, 2.0)
+
+
+def test_the_settings_a_recheck_runs_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.config import RunConfig
+    from bench.experiment import Numerics
+    from bench.reverify import eval_config_for, run_eval_config
+    from traces.errors import RunDirError
+
+    with pytest.raises(RunDirError, match=r"config\.json is missing"):
+        run_eval_config(tmp_path)
+    # `refinery run` keeps a RunConfig: its evaluator settings, one worker.
+    (tmp_path / "config.json").write_text(RunConfig(eval={"trials": 13, "precision": "bf16"}).model_dump_json())
+    base, workers = run_eval_config(tmp_path)
+    assert (base.trials, base.precision, workers) == (13, "bf16", 1)
+    # A precision the run holds is judged at its recorded tolerance and TF32 policy, with the given
+    # seed, this machine's cache, and every reference timed anew.
+    monkeypatch.setenv("REFINERY_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "precisions.json").write_text(json.dumps({"fp16": Numerics(tolerance=0.05, allow_tf32=True).model_dump()}))
+    fp16 = eval_config_for(base, "fp16", tmp_path, seed=123)
+    assert (fp16.precision, fp16.precision_tolerance.atol, fp16.allow_tf32, fp16.seed, fp16.trials) == ("fp16", 0.05, True, 123, 13)
+    assert fp16.cache_dir == tmp_path / "cache" and fp16.remeasure_baselines
+    (tmp_path / "config.json").write_text('{"neither": 1}')
+    with pytest.raises(RunDirError, match="neither an experiment's nor a run's config"):
+        run_eval_config(tmp_path)
