@@ -208,7 +208,10 @@ def choose_targets(
         if found[0].code is None:
             raise ConfigError(f"trace record {record} holds no code (the reply had none): nothing to judge again")
         return [Target(record=found[0], task=task_of(found[0].trajectory.task))]
-    wanted_variant = str(Variant.parse(variant)) if variant is not None else None
+    try:
+        wanted_variant = str(Variant.parse(variant)) if variant is not None else None
+    except ValueError as exc:
+        raise ConfigError(f"--variant {variant}: {exc}") from exc
 
     def kept(t: Trajectory) -> bool:
         return (
@@ -219,8 +222,9 @@ def choose_targets(
 
     chosen = [t for t in trajectories if kept(t)]
     if not chosen:
+        filters = {"task": task, "variant": variant, "precision": precision}
         raise ConfigError(
-            f"no trajectory of {run_dir} matches --task {task} --variant {variant} --precision {precision}; "
+            f"no trajectory of {run_dir} matches {' '.join(f'--{k} {v}' for k, v in filters.items() if v is not None)}; "
             f"tasks: {', '.join(sorted({t.id.task for t in trajectories}))}; "
             f"variants: {', '.join(sorted({t.id.variant for t in trajectories}))}"
         )
