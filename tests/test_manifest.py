@@ -195,3 +195,22 @@ def test_the_html_report_heads_with_the_manifest(manifest: RunManifest, tmp_path
     page = (tmp_path / "report.html").read_text()
     assert manifest.source.commit is not None
     assert f"commit {manifest.source.commit[:10]}" in page and f"torch {manifest.software.torch}" in page
+
+
+def test_run_and_experiment_write_the_manifest_and_a_resume_elsewhere_says_so(tmp_path: Path) -> None:
+    """Replies without code: nothing is compiled, the commands still keep their manifest."""
+    script = tmp_path / "script.json"
+    script.write_text('["no code here"]')
+    run = refinery("run", "--task", RELU, "--model", f"scripted:{script}", "--turns", "1", "--run-dir", tmp_path / "one")
+    assert run.exit_code == 0, run.output
+    written = read_manifest(tmp_path / "one")
+    assert written is not None and [t.key for t in written.tasks] == ["level1/1_relu"]
+
+    experiment = ["experiment", "--tasks", "1_relu", "--variants", "G", "--turns", "1", "--model", f"scripted:{script}"]
+    first = refinery(*experiment, "--run-dir", tmp_path / "many")
+    assert first.exit_code == 0, first.output
+    assert "measured: commit" in first.output and "was run before" not in first.output
+    second = refinery(*experiment, "--run-dir", tmp_path / "many", "--precision", "bf16")
+    assert second.exit_code == 0, second.output
+    assert "was run before with other facts (eval.precision: fp32 vs bf16; eval.tolerance: 0.0001 vs 0.01" in second.output
+    assert len(list((tmp_path / "many").glob("manifest-before-*.json"))) == 1
