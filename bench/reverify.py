@@ -314,8 +314,8 @@ def reverify(
     workers: int | None = None,
     on_done: Callable[[Recheck], None] | None = None,
 ) -> list[Recheck]:
-    """Judge each planned kernel again through an EvaluatorPool per precision; returns every re-check
-    of the plan (those done before included), in the targets' order."""
+    """Judge each planned kernel again through an EvaluatorPool per precision (one fresh seed for the
+    whole reverify); returns every re-check of the plan, those done before included, by task and variant."""
     from tools.pool import EvaluatorPool
 
     base, run_workers = run_eval_config(run_dir)
