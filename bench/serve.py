@@ -8,8 +8,9 @@
 Requests other than /health carry `Authorization: Bearer <token>` (401 otherwise). Evaluations go
 through a bounded queue (bench/serve_queue.py) to the same EvaluatorPool that `refinery experiment`
 uses: 429 when it is full, 413 for a body over the size limit (or a batch larger than the queue
-ever admits), 504 past the per-request time limit, 422 for a body that is not a request. Candidate code runs only in the pool's worker processes;
-this process reads it with `ast` (the static check) and never imports it.
+ever admits), 504 past the per-request time limit, 422 for a body that is not a request. Candidate
+code runs only in the pool's worker processes; this process reads it with `ast` (the static check)
+and never imports it.
 """
 
 from __future__ import annotations

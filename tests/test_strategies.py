@@ -279,9 +279,7 @@ def test_results_before_strategies_still_read() -> None:
         '"best_turn":2,"turns":2,"compiled":true,"tokens":10,"per_turn":[["no_code",null],["correct",1.5]]}'
     )
     record = read_result(old)
-    assert (
-        record.strategy == "refine" and record.evaluations == 1 and record.id == TrajectoryId(task="level1/1_relu", variant="G+E")
-    )
+    assert record.strategy == "refine" and record.evaluations == 1 and record.id == TrajectoryId(task="level1/1_relu", variant="G+E")
 
 
 def test_experiment_compares_strategies_at_equal_cost(tmp_path: Path, cache_dir: Path) -> None:
