@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tools.config import EvalConfig
+from tools.config import CLOCKS, EvalConfig
 from tools.hardware import _cpu_flags, _cpu_model
 from traces.manifest import DeviceFacts, EvalFacts, RunManifest, SoftwareFacts, SourceFacts, TaskFile
 
@@ -142,11 +142,12 @@ def eval_facts(config: EvalConfig) -> EvalFacts:
         precision=config.precision,
         tolerance=config.precision_tolerance.atol,
         allow_tf32=config.allow_tf32,
-        timing="cuda-events" if config.device == "cuda" else "monotonic",
+        timing=CLOCKS[config.timing] if config.device == "cuda" else "monotonic",
         trials=config.trials,
         warmup=config.warmup,
         correctness_trials=config.correctness_trials,
-        baseline="eager and torch.compile" if config.time_compiled_reference else "eager",
+        baseline=config.baseline,
+        noise_band=config.noise_band,
         seed=config.seed,
     )
 

@@ -112,6 +112,16 @@ def measured_line(manifest: RunManifest | None) -> str:
     return f"measured: {manifest.summary()}"
 
 
+def noise_line(scores: list[GroupScores]) -> str:
+    """How many fast_1 entries lie within their task's A/A noise band (tools/timing_stage.py)."""
+    fast_1 = sum(round(s.fast_p.get("1", 0.0) * s.tasks) for s in scores)
+    within = sum(s.fast_1_within_noise for s in scores)
+    return (
+        f"fast_1 within the noise band: {within} of {fast_1} (a speedup inside its task's A/A band: "
+        "above 1, but no difference from the reference the timing could show)"
+    )
+
+
 def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
     """fast_p per level × variant (× strategy × precision) with 95% intervals; compact fits 80 columns."""
     samples = max((s.samples for s in scores), default=1)
@@ -354,6 +364,7 @@ def report(run_dir: Path, console: Console | None = None, plots: bool = True, wi
         for line in numerics_lines(scores):
             console.print(line, highlight=False, markup=False)
         print_table(console, render_table(scores, wide=wide), wide)
+        console.print(noise_line(scores), highlight=False, markup=False)
         by_turn = render_by_turn(scores, wide=wide)
         if by_turn is not None:
             print_table(console, by_turn, wide)

@@ -81,6 +81,10 @@ class Guards(BaseModel):
     two catches on the tests' hacks (bench/results/kernelguard_eval.json) but goes by names."""
 
 
+CLOCKS: dict[str, str] = {"events": "cuda-events", "host": "host-wall", "graph": "cuda-graph"}
+"""The clock each CUDA timing method records (EvalConfig.timing); CPU timings record "monotonic"."""
+
+
 class EvalConfig(BaseModel):
     """How a candidate is checked and timed."""
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import torch
 
+from tools.config import CLOCKS
 from tools.results import TimingStats
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times any current GPU's L2
@@ -77,8 +78,6 @@ def speedup_interval(reference_ms: tuple[float, ...], candidate_ms: tuple[float,
 TimingMethod = Literal["events", "host", "graph"]
 """How a call is timed on CUDA (tools/config.py, EvalConfig.timing); on CPU every method is the
 monotonic clock around the call."""
-
-CLOCKS: dict[str, str] = {"events": "cuda-events", "host": "host-wall", "graph": "cuda-graph"}
 
 
 class GraphCaptureFailed(RuntimeError):

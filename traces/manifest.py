@@ -69,12 +69,14 @@ class EvalFacts(Frozen):
     """atol = rtol in force for outputs of the precision."""
     allow_tf32: bool
     timing: str
-    """How calls are timed: cuda-events or monotonic."""
+    """How calls are timed: cuda-events, host-wall or cuda-graph (EvalConfig.timing), or monotonic on CPU."""
     trials: int
     warmup: int
     correctness_trials: int
     baseline: str
-    """What a speedup is measured against: eager PyTorch, and torch.compile where it was timed too."""
+    """What a speedup is measured against (EvalConfig.baseline): eager, compile or best."""
+    noise_band: bool = True
+    """Whether the reference was timed against itself for each task's noise band."""
     seed: int
     """The first seed of inputs and weights (not compared: reverify draws fresh ones on purpose)."""
 
@@ -112,7 +114,8 @@ class RunManifest(Frozen):
         torch = f"torch {s.torch or 'absent'}" + (f" CUDA {s.cuda}" if s.cuda else "") + (f" HIP {s.hip}" if s.hip else "")
         e = self.eval
         numerics = f"{e.precision}, atol = rtol = {e.tolerance:g}" + (", TF32 allowed" if e.allow_tf32 else "")
-        return f"{commit} · {device} · {torch} · {numerics}"
+        timing = f"{e.timing} timing, speedups against {e.baseline}"
+        return f"{commit} · {device} · {torch} · {numerics} · {timing}"
 
 
 class Difference(Frozen):

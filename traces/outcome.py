@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from tools.results import NONFINITE_AS_STRINGS
+from tools.results import NONFINITE_AS_STRINGS, EvalResult
 from traces.schema import TrajectoryId
 from traces.verdict import Judged, Verdict, best
 
@@ -45,6 +45,9 @@ class TrajectoryRecord(BaseModel):
     best_status: Verdict
     best_speedup: float | None
     best_turn: int | None
+    best_within_noise: bool | None = None
+    """The best kernel's speedup lies inside its task's A/A noise band ("no difference from the
+    reference"); None where the evaluation ran no A/A run (or predates it)."""
     turns: int
     compiled: bool
     tokens: int
@@ -81,6 +84,14 @@ class Attempted(Judged, Protocol):
     @property
     def turn(self) -> int: ...
 
+    @property
+    def result(self) -> EvalResult | None: ...
+
+
+def _within_noise(attempt: Attempted | None) -> bool | None:
+    timing = attempt.result.timing if attempt is not None and attempt.result is not None else None
+    return getattr(timing, "within_noise", None) if timing is not None else None
+
 
 def trajectory_record(
     trajectory: TrajectoryId,
@@ -107,6 +118,7 @@ def trajectory_record(
         best_status=best_status,
         best_speedup=correct.speedup if correct is not None else None,
         best_turn=correct.turn if correct is not None else None,
+        best_within_noise=_within_noise(correct),
         turns=len(attempts),
         compiled=best_status.compiled,
         tokens=tokens,

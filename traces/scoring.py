@@ -66,6 +66,9 @@ class GroupScores(BaseModel):
     tolerance: float | None = None
     """atol = rtol the group's results were judged at; None where the results do not record it."""
     allow_tf32: bool = False
+    fast_1_within_noise: int = 0
+    """fast_1 trajectories (sample 0) whose speedup lies inside the task's A/A noise band: counted
+    in fast_1, but "no difference from the reference" the timing could show."""
 
     def estimates(self) -> dict[str, Estimate]:
         """The intervals, or the bare values for scores made without them."""
@@ -266,6 +269,7 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 precision=precision,
                 tolerance=tolerance,
                 allow_tf32=allow_tf32,
+                fast_1_within_noise=sum(1 for r in first if _faster_than(1.0)(r) and r.best_within_noise),
             )
         )
     return scores
