@@ -17,34 +17,20 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench import __all__ as _public_names
 from bench.experiment import ExperimentConfig, TrajectoryRecord
 from bench.report import GroupScores
-from bench.tasks import SuiteError, Task, builtin_suite_root, load_task_file, resolve_suite, task_from_source
+from bench.tasks import SuiteError, Task, builtin_suite_root, load_task_file, resolve_suite
 from bench.tasks import load_suite as _load_suite_at
+from bench.tasks import task_from_source as task_from_source  # public, re-exported
 from tools.config import EvalConfig
 from tools.jobs import TaskProgram
 from tools.results import EvalResult
 from traces.errors import RunDirError
 from traces.schema import TrajectoryId, TurnRecord
 
-__all__ = [
-    "EvalConfig",
-    "EvalResult",
-    "Experiment",
-    "ExperimentConfig",
-    "GroupScores",
-    "Task",
-    "TrajectoryId",
-    "TrajectoryRecord",
-    "TurnRecord",
-    "evaluate",
-    "evaluate_many",
-    "load_suite",
-    "load_task",
-    "load_traces",
-    "report_run",
-    "task_from_source",
-]
+# The public names, listed once: in the package (bench/__init__.py), which re-exports them lazily.
+__all__ = list(_public_names)
 
 TaskLike = Task | Path | str
 """A Task, a task file's path, or a built-in task's name (`1_relu`, `level2/9_bias_tanh_clamp_chain`)."""

@@ -38,7 +38,7 @@ from bench.settings import describe_validation, load_settings, nest_flat_keys
 from bench.tasks import Task, load_suite, resolve_suite
 from tools.config import EvalConfig
 from traces.errors import ConfigError, RunDirError
-from traces.manifest import Difference, differences, manifest_path, read_manifest, write_manifest
+from traces.manifest import Difference, differences, flatten, manifest_path, read_manifest, write_manifest
 from traces.outcome import RESULTS_SCHEMA_VERSION, TrajectoryRecord, trajectory_record
 from traces.outcome import TurnOutcome as TurnOutcome  # re-exported: results.jsonl's types were defined here
 from traces.schema import Migrations, TrajectoryId, migrate
@@ -265,19 +265,9 @@ _PRECISION_FIELDS = {"eval.precision", "eval.tolerance", "eval.allow_tf32"}
 trajectories are its own (TrajectoryRecord.id), and precisions.json pins its tolerance and TF32."""
 
 
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _comparable(config: ExperimentConfig) -> dict[str, object]:
     """The settings every invocation on one run directory must share, by dotted key."""
-    data = _flat(config.saved())
+    data = flatten(config.saved())
     return {k: v for k, v in data.items() if k not in _RUNTIME_ONLY | _PRECISION_FIELDS | {"schema_version"}}
 
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tools.config import CLOCKS, EvalConfig
-from tools.hardware import _cpu_flags, _cpu_model
+from tools.hardware import _cpu_flags, _cpu_model, nvml
 from traces.manifest import DeviceFacts, EvalFacts, RunManifest, SoftwareFacts, SourceFacts, TaskFile
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -97,13 +97,9 @@ def software_facts(device: str) -> SoftwareFacts:
 
 
 def _driver() -> str | None:
-    try:
-        import pynvml
-    except ImportError:
-        pynvml = None
+    pynvml = nvml()
     if pynvml is not None:
         try:
-            pynvml.nvmlInit()
             version = pynvml.nvmlSystemGetDriverVersion()
             return version.decode() if isinstance(version, bytes) else str(version)
         except pynvml.NVMLError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 from tools.results import Frozen
 
@@ -81,13 +82,9 @@ def describe_gpu(index: int = 0) -> HardwareInfo:
     if smem:
         facts.append(("shared memory per block (opt-in)", f"{smem // 1024} KiB"))
     facts.append(("warp size", str(getattr(props, "warp_size", 32))))
-    try:
-        import pynvml
-    except ImportError:
-        pynvml = None
+    pynvml = nvml()
     if pynvml is not None:
         try:
-            pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             bus_width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
             mem_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
@@ -99,6 +96,19 @@ def describe_gpu(index: int = 0) -> HardwareInfo:
         except pynvml.NVMLError as exc:  # bandwidth is detail; the rest of the block stands without it
             facts.append(("memory bandwidth", f"unknown ({exc})"))
     return HardwareInfo(device="cuda", name=props.name, facts=tuple(facts))
+
+
+def nvml() -> Any:
+    """pynvml, initialised; None where it is not installed or finds no driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    return pynvml
 
 
 def describe(device: str) -> HardwareInfo:

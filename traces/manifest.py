@@ -133,11 +133,12 @@ class Difference(Frozen):
 _NOT_COMPARED = {"eval.seed"}
 
 
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables as one level of dotted keys: {"eval": {"trials": 5}} -> {"eval.trials": 5}."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -156,7 +157,7 @@ def _shown(value: object) -> str:
 def differences(a: RunManifest, b: RunManifest) -> list[Difference]:
     """What tells the two runs' measurements apart: machine, software, settings, code and task files
     (the tasks both hold). Timestamps, host names and seeds are left out: they differ by design."""
-    flat_a, flat_b = ({**_flat(m.model_dump(mode="json", include={"source", "software", "device", "eval"}))} for m in (a, b))
+    flat_a, flat_b = ({**flatten(m.model_dump(mode="json", include={"source", "software", "device", "eval"}))} for m in (a, b))
     found = [
         Difference(field=key, a=_shown(flat_a.get(key)), b=_shown(flat_b.get(key)))
         for key in sorted(flat_a.keys() | flat_b.keys())
