@@ -58,11 +58,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Self
 
-import structlog
-
 from tools.sandbox import popen_logged
-
-log = structlog.get_logger()
 
 _STARTUP_TIMEOUT_S = 300.0
 """Importing torch took over 2 minutes on a 2-core machine under load (see tools.worker)."""
@@ -160,6 +156,9 @@ class ForkServer:
         self._children: dict[int, ForkedChild] = {}
         self._ids = itertools.count(1)
         self._ready: dict[str, Any] | None = None
+        self.start_seconds: float | None = None
+        """How long the last start took, and of that the preloads' imports (for the caller's log)."""
+        self.preload_seconds: float | None = None
         self._dead = True
         self._death = ""
 
@@ -210,7 +209,8 @@ class ForkServer:
             output = _tail(log_path)
             self.close()
             raise ForkServerError(f"the fork server's template did not start ({why}); its output:\n{output}")
-        log.info("template_started", pid=self._proc.pid, seconds=round(time.monotonic() - began, 2), preload_seconds=ready.get("preload_s"))
+        self.start_seconds = round(time.monotonic() - began, 2)
+        self.preload_seconds = ready.get("preload_s")
 
     def _read(self, sock: socket.socket, proc: subprocess.Popen[bytes]) -> None:
         """The reader thread: exit statuses and spawn replies, until the template's socket closes."""

@@ -195,6 +195,8 @@ class Worker:
             self._forkserver = ForkServer(env=env, cwd=home, preload=preload, log_path=home / "template.log")
             try:
                 self._forkserver.start()
+                server = self._forkserver
+                log.info("template_started", seconds=server.start_seconds, preload_seconds=server.preload_seconds)
             except ForkServerError as exc:
                 log.warning("template_failed_plain_processes_instead", error=str(exc)[-500:])
                 self._forkserver = None
