@@ -363,7 +363,7 @@ def test_server_that_dies_reports_its_log(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(LocalServerError, match="exited with code") as raised:
         LocalServer("fake", cache_dir=tmp_path / "cache", startup_timeout_s=60).start()
 
-    assert "Log " in str(raised.value) and "llama_cpp.server" in str(raised.value)
+    assert "Log " in str(raised.value) and "agent.local_server_main" in str(raised.value)
 
 
 def test_a_server_that_dies_mid_run_is_reported_with_its_signal(tmp_path: Path) -> None:

@@ -305,7 +305,8 @@ def test_the_app_in_process_never_imports_the_candidate(cache_dir: Path) -> None
         )
         assert answer.status_code == 200, answer.text
         assert EvalResult.model_validate_json(answer.content).correct
-    assert not [name for name, module in list(sys.modules.items()) if hasattr(module, "SERVE_TEST_MARKER")]
+    # The module's own names, not hasattr: torch.ops and torch.classes answer any attribute.
+    assert not [name for name, module in list(sys.modules.items()) if "SERVE_TEST_MARKER" in getattr(module, "__dict__", {})]
 
 
 def test_serve_without_a_token_is_a_user_error() -> None:
