@@ -293,13 +293,16 @@ def reverify_command(
     workers: Annotated[int | None, typer.Option(min=1, help="evaluation workers (default: the experiment's)")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="forget reverify.json and judge every kernel again")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="the table in the width it needs")] = False,
+    timing: Annotated[
+        str | None, typer.Option(help="time with this method instead of the run's: events, host or graph (its own reverify file)")
+    ] = None,
 ) -> None:
     """Judge each trajectory's best kernel again on this machine, with fresh seeds, beside its recorded verdict.
     Exits 1 when a verdict changed."""
     from bench.reverify_render import reverify_and_report
 
     configure_logging(quiet=True)
-    rechecks = reverify_and_report(console, run_dir, task, variant, precision, record, suite, workers, restart, wide)
+    rechecks = reverify_and_report(console, run_dir, task, variant, precision, record, suite, workers, restart, wide, timing)
     raise typer.Exit(1 if any(r.verdict_changed for r in rechecks) else 0)
 
 

@@ -39,8 +39,9 @@ from traces.verdict import Verdict
 REVERIFY_SCHEMA_VERSION = 1
 
 
-def reverify_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "reverify.json"
+def reverify_path(run_dir: Path, timing: str | None = None) -> Path:
+    """reverify.json; a re-check with another timing method than the run's keeps its own file."""
+    return Path(run_dir) / ("reverify.json" if timing is None else f"reverify-timing-{timing}.json")
 
 
 def record_id(record: TurnRecord) -> str:
@@ -128,8 +129,8 @@ class ReverifyFile(BaseModel):
     rechecks: list[Recheck] = []
 
 
-def read_reverify(run_dir: Path) -> ReverifyFile:
-    path = reverify_path(run_dir)
+def read_reverify(run_dir: Path, timing: str | None = None) -> ReverifyFile:
+    path = reverify_path(run_dir, timing)
     if not path.is_file():
         return ReverifyFile()
     try:
@@ -236,8 +237,19 @@ def choose_targets(
     return out
 
 
-def run_eval_config(run_dir: Path) -> tuple[EvalConfig, int]:
-    """The evaluator settings the run measured with (config.json), and the workers its experiment used."""
+def run_eval_config(run_dir: Path, timing: str | None = None) -> tuple[EvalConfig, int]:
+    """The evaluator settings the run measured with (config.json), and the workers its experiment used;
+    with `timing`, that timing method instead of the run's (`--timing`: does a verdict flip between methods?)."""
+    base, workers = _recorded_eval_config(run_dir)
+    if timing is None:
+        return base, workers
+    try:
+        return EvalConfig.model_validate({**base.model_dump(), "timing": timing}), workers
+    except ValidationError as exc:
+        raise ConfigError(f"--timing must be events, host or graph, not {timing!r}") from exc
+
+
+def _recorded_eval_config(run_dir: Path) -> tuple[EvalConfig, int]:
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise RunDirError(f"{path} is missing: reverify judges with the run's own settings; is {run_dir} a run directory?")
@@ -269,8 +281,8 @@ class ReverifyLog:
     """reverify.json, rewritten whole (through a temporary file) after each re-check: a kill leaves
     the last complete file."""
 
-    def __init__(self, run_dir: Path, start: ReverifyFile):
-        self.path = reverify_path(run_dir)
+    def __init__(self, run_dir: Path, start: ReverifyFile, timing: str | None = None):
+        self.path = reverify_path(run_dir, timing)
         self.state = start
         self._lock = threading.Lock()
 
@@ -293,10 +305,10 @@ class ReverifyPlan:
     measured_differently: list[Difference]
 
 
-def plan_reverify(run_dir: Path, targets: Sequence[Target], again: bool = False) -> ReverifyPlan:
+def plan_reverify(run_dir: Path, targets: Sequence[Target], again: bool = False, timing: str | None = None) -> ReverifyPlan:
     """Targets already in reverify.json are skipped (a killed reverify resumes) unless `again`."""
-    base, _ = run_eval_config(run_dir)
-    earlier = read_reverify(run_dir)
+    base, _ = run_eval_config(run_dir, timing)
+    earlier = read_reverify(run_dir, timing)
     wanted = {t.id for t in targets}
     done = [] if again else [r for r in earlier.rechecks if r.record_id in wanted]
     finished = {r.record_id for r in done}
@@ -313,14 +325,15 @@ def reverify(
     plan: ReverifyPlan,
     workers: int | None = None,
     on_done: Callable[[Recheck], None] | None = None,
+    timing: str | None = None,
 ) -> list[Recheck]:
     """Judge each planned kernel again through an EvaluatorPool per precision (one fresh seed for the
     whole reverify); returns every re-check of the plan, those done before included, by task and variant."""
     from tools.pool import EvaluatorPool
 
-    base, run_workers = run_eval_config(run_dir)
+    base, run_workers = run_eval_config(run_dir, timing)
     facts = {"manifest": plan.manifest, "measured_differently": plan.measured_differently}
-    log = ReverifyLog(run_dir, read_reverify(run_dir).model_copy(update=facts))
+    log = ReverifyLog(run_dir, read_reverify(run_dir, timing).model_copy(update=facts), timing)
     recorded = read_manifest(run_dir)
     hashes = {t.key: t.sha256 for t in recorded.tasks} if recorded is not None else {}
     by_precision: dict[str, list[Target]] = defaultdict(list)
@@ -360,8 +373,8 @@ def reverify(
     return sorted(shown, key=lambda r: (r.trajectory.task, r.trajectory.variant, r.trajectory.sample, r.record_id))
 
 
-def restart(run_dir: Path) -> None:
+def restart(run_dir: Path, timing: str | None = None) -> None:
     """Forget earlier re-checks (`--restart`)."""
-    path = reverify_path(run_dir)
+    path = reverify_path(run_dir, timing)
     if path.exists():
         path.unlink()

@@ -97,15 +97,16 @@ def reverify_and_report(
     workers: int | None = None,
     start_over: bool = False,
     wide: bool = False,
+    timing: str | None = None,
 ) -> list[Recheck]:
     """`refinery reverify`: choose the kernels, judge them again with a line each as they finish, then the table."""
     from bench.reverify import choose_targets, plan_reverify, restart, reverify, reverify_path
 
     if start_over:
-        restart(run_dir)
+        restart(run_dir, timing)
     targets = choose_targets(run_dir, task=task, variant=variant, precision=precision, record=record, suite=suite)
     # A record named by its id is judged again even when reverify.json has it.
-    plan = plan_reverify(run_dir, targets, again=record is not None)
+    plan = plan_reverify(run_dir, targets, again=record is not None, timing=timing)
     print_header(console, run_dir, plan)
     total, finished = len(plan.todo) + len(plan.done), [len(plan.done)]
 
@@ -113,6 +114,6 @@ def reverify_and_report(
         finished[0] += 1
         console.print(progress_line(recheck, finished[0], total), highlight=False)
 
-    rechecks = reverify(run_dir, plan, workers=workers, on_done=on_done)
-    print_rechecks(console, rechecks, reverify_path(run_dir), wide)
+    rechecks = reverify(run_dir, plan, workers=workers, on_done=on_done, timing=timing)
+    print_rechecks(console, rechecks, reverify_path(run_dir, timing), wide)
     return rechecks

@@ -116,6 +116,20 @@ def test_reverify_reproduces_then_flags_a_planted_flip(run_dir: Path) -> None:
     assert "incorrect" in now.headline
 
 
+def test_reverify_with_another_timing_method_keeps_its_own_file(run_dir: Path) -> None:
+    """`--timing host`: the run's kernels judged with that method (on CPU every method is the
+    monotonic clock), the settings it ran with recorded, beside and not into reverify.json."""
+    result = refinery("reverify", run_dir, "--timing", "host")
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "reverify-timing-host.json").is_file() and not (run_dir / "reverify.json").exists()
+    saved = read_reverify(run_dir, "host")
+    (recheck,) = saved.rechecks
+    assert recheck.now.verdict is Verdict.CORRECT
+    assert saved.manifest is not None and saved.manifest.eval.timing == "monotonic"
+    bad = refinery("reverify", run_dir, "--timing", "sundial")
+    assert bad.exit_code == 2 and "--timing must be events, host or graph, not 'sundial'" in bad.output
+
+
 def test_reverify_refuses_what_is_not_there(run_dir: Path) -> None:
     missing = refinery("reverify", run_dir, "--record", "level1__1_relu__G__s0:9")
     assert missing.exit_code == 2 and "no trace record 'level1__1_relu__G__s0:9'" in missing.stderr, missing.output
