@@ -166,7 +166,7 @@ def main() -> None:
                         message=str(out.get("message", "")),
                         stages=dict(stages) if isinstance(stages, dict) else {},
                         judge_log=tuple(str(line) for line in out.get("judge_log") or ()),  # type: ignore[attr-defined]  # a list from the child's JSON
-                        timeline=tuple(out.get("timeline") or ()),  # type: ignore[arg-type]
+                        timeline=tuple(out.get("timeline") or ()),  # type: ignore[arg-type]  # a list of dicts from the child JSON
                     )
                     runs.append(run)
                     console.print(f"{name} {side} {label}: {wall:.1f} s, {run.status}, speedup {run.speedup}")
