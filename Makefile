@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
-	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,local,ray,kernelguard,serve]'
+	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,local,ray,kernelguard,serve,rl]'
 	$(BIN)/python -m agent.local_model prepare
 	$(CLANG) && $(BIN)/python -m tools.pch
 	touch $(STAMP)
