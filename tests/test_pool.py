@@ -81,3 +81,45 @@ def test_a_single_worker_serves_every_stage(tmp_path: Path) -> None:
     threading.Thread(target=lambda: (candidate(pool, 0), done.set()), daemon=True).start()
     assert done.wait(10), "one worker that is also the device's deadlocked"
     assert [(slot, kind) for slot, kind, *_ in log] == [(0, "compile"), (0, "device")]
+
+
+def test_on_cpu_no_compile_runs_while_a_device_stage_does() -> None:
+    """QuietCpu: compiles share it; a device stage waits for running compiles, holds new ones
+    back while it runs, and goes before compiles that came after it."""
+    import threading
+
+    from tools.pool import QuietCpu
+
+    quiet = QuietCpu()
+    events: list[str] = []
+    compiling, release_compile, timing_waits = threading.Event(), threading.Event(), threading.Event()
+
+    def compile_(name: str, hold: threading.Event | None = None) -> None:
+        with quiet.shared():
+            events.append(f"{name} start")
+            if hold is not None:
+                compiling.set()
+                hold.wait(10)
+            events.append(f"{name} end")
+
+    def timing() -> None:
+        timing_waits.set()
+        with quiet.exclusive():
+            events.append("timing start")
+            events.append("timing end")
+
+    first = threading.Thread(target=compile_, args=("compile 1", release_compile))
+    first.start()
+    assert compiling.wait(10)
+    device = threading.Thread(target=timing)
+    device.start()
+    assert timing_waits.wait(10)
+    time.sleep(0.2)  # the timing now waits for compile 1
+    late = threading.Thread(target=compile_, args=("compile 2",))
+    late.start()
+    time.sleep(0.2)  # compile 2 waits behind the timing
+    assert events == ["compile 1 start"]
+    release_compile.set()
+    for thread in (first, device, late):
+        thread.join(10)
+    assert events == ["compile 1 start", "compile 1 end", "timing start", "timing end", "compile 2 start", "compile 2 end"]

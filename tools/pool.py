@@ -1,24 +1,30 @@
 """A pool of evaluation workers spread over devices, with the same `run` as one Evaluator.
 
 - One lock per device: correctness, timing and profile hold it, so two candidates never run on
-  one device at the same moment; loading and compiling do not, so a compile overlaps a timing.
+  one device at the same moment; loading and compiling do not, so on a GPU a compile overlaps a
+  timing (on CPU see below).
 - A candidate waits for its device's lock before it takes a worker, so candidates queued for
   the device never hold workers that the next compiles need.
 - Each device has one judge (tools/judge.py), the trusted process that runs the reference and
   drives the device stages; it never loads candidate code, so it is shared by the device's
   workers and keeps its CUDA context warm. Each worker is a runner, fresh for every candidate.
 - GPUs: each device is one GPU, its workers and judge pinned with CUDA_VISIBLE_DEVICES.
-- CPU: the cores are split into devices, each worker pinned to its device's cores.
+- CPU: the cores are split into devices, each worker pinned to its device's cores. The cores are
+  also what a CPU timing measures, and pinning does not keep a compile's load off them (virtual
+  cores share physical ones, caches and memory bandwidth): on CPU, device stages wait until no
+  compile runs anywhere in the pool and hold new compiles back (`QuietCpu`), while compiles still
+  run beside each other.
 - A candidate's later stages go back to the worker that loaded (compiled) it when that worker is
   free; another worker loads it again from the build cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -29,6 +35,43 @@ from tools.results import EvalResult, Stage
 from tools.worker import Judge, Worker
 
 _DEVICE_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
+
+
+class QuietCpu:
+    """A shared/exclusive lock: compiles share it, device stages hold it alone. A waiting device
+    stage goes before compiles that come after it, so a stream of compiles cannot starve timing."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._sharing = 0
+        self._held = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._held and self._sharing == 0)
+            self._waiting -= 1
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._held and self._waiting == 0)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sharing -= 1
+                self._cond.notify_all()
 
 
 @dataclass
@@ -89,6 +132,7 @@ class EvaluatorPool:
                 cores=cores,
             )
             self.slots.append(Slot(evaluator=Evaluator(config, worker=worker, judge=self.devices[d].judge), device=self.devices[d]))
+        self._quiet = QuietCpu() if config.device == "cpu" else None
         self._free: set[int] = set(range(len(self.slots)))
         self._affinity: dict[str, int] = {}
         self._changed = threading.Condition()
@@ -144,13 +188,14 @@ class EvaluatorPool:
         """`config`: other settings for this candidate than the pool's (see Evaluator.with_config)."""
         key = source_hash(task.source + "\0" + candidate)
         if not any(s in _DEVICE_STAGES for s in stages):
-            index = self._acquire(key, None)
-            try:
-                return self._evaluator(index, config).run(task, candidate, stages)
-            finally:
-                self._release(index, key)
+            with self._quiet.shared() if self._quiet else contextlib.nullcontext():
+                index = self._acquire(key, None)
+                try:
+                    return self._evaluator(index, config).run(task, candidate, stages)
+                finally:
+                    self._release(index, key)
         device = self._device_for(key)
-        with device.lock:
+        with self._quiet.exclusive() if self._quiet else contextlib.nullcontext(), device.lock:
             index = self._acquire(key, device)
             try:
                 started = time.monotonic()
