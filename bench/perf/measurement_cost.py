@@ -34,7 +34,7 @@ TARGET = 0.10
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
@@ -44,6 +44,7 @@ def main() -> None:
     console = Console()
     cached: dict[bool, list[float]] = {False: [], True: []}
     first_timing: dict[bool, float] = {}
+    remeasured = {False: 0, True: 0}
     with tempfile.TemporaryDirectory(prefix="refinery-perf-") as scratch:
         base = EvalConfig(device=args.device, cache_dir=Path(scratch) / "cache", time_compiled_reference=False)
         timed_evaluation(base, task, candidate)  # the build cache, and a warm page cache
@@ -55,9 +56,11 @@ def main() -> None:
         for round_ in range(args.rounds):
             for band in (False, True) if round_ % 2 == 0 else (True, False):
                 result, wall, _ = timed_evaluation(base.model_copy(update={"noise_band": band}), task, candidate)
-                assert result.correct, result.message
-                assert result.timing is not None and result.timing.reference_source == "cached"
+                assert result.correct and result.timing is not None, result.message
+                # A stored baseline whose spot check disagrees by more than 10% is measured again
+                # (with the band: twice). On a noisy CPU that is common; it is counted, not dropped.
                 cached[band].append(wall)
+                remeasured[band] += result.timing.reference_source == "measured"
         task_file = Path(scratch) / "relu.py"
         task_file.write_text(task.source)
         manifest_s = []
@@ -72,12 +75,15 @@ def main() -> None:
     table = Table(title=f"what the manifest and the A/A band cost, {args.device} (medians of {args.rounds} rounds)")
     for column in ("", "seconds"):
         table.add_column(column, justify="left" if not column else "right")
-    table.add_row("cached evaluation, band off", f"{off:.2f}")
-    table.add_row("cached evaluation, band on (cached A/A)", f"{on:.2f}")
+    table.add_row("evaluation, build cached, band off", f"{off:.2f}")
+    table.add_row("evaluation, build cached, band on", f"{on:.2f}")
     table.add_row("manifest, collected once", f"{manifest:.3f}")
     table.add_row("timing stage, empty baseline cache, band off", f"{first_timing[False]:.2f}")
     table.add_row("timing stage, empty baseline cache, band on (the A/A run, once per task)", f"{first_timing[True]:.2f}")
     table.add_row("(manifest + band) / cached evaluation", f"{share:.1%} (target {TARGET:.0%})")
+    table.add_row(
+        "of those, baselines measured again (spot check disagreed; off, on)", f"{remeasured[False]}, {remeasured[True]} of {args.rounds}"
+    )
     console.print(table)
     if args.json:
         args.json.write_text(
@@ -89,6 +95,7 @@ def main() -> None:
                     "manifest_s": manifest_s,
                     "first_timing_stage_s": {"band_off": first_timing[False], "band_on": first_timing[True]},
                     "share_of_cached_evaluation": share,
+                    "remeasured": {"band_off": remeasured[False], "band_on": remeasured[True]},
                     "target": TARGET,
                 },
                 indent=1,
