@@ -100,7 +100,8 @@ class Timer:
         self.device = device
         self.method: TimingMethod = method
         self._flush: torch.Tensor | None = None
-        self._graphs: dict[int, tuple[Any, list[Any], Any]] = {}
+        self._graphs: dict[Callable[..., Any], tuple[list[Any], Any, Any]] = {}
+        """Per callable: its captured inputs, the graph and the graph's output."""
         if device.type == "cuda":
             self._flush = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
 
@@ -150,8 +151,8 @@ class Timer:
     def _graph(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
         """Captured on the first call of this callable (after a warm-up on a side stream), replayed after."""
         assert self._flush is not None
-        entry = self._graphs.get(id(fn))
-        if entry is None or entry[0] is not fn:
+        entry = self._graphs.get(fn)
+        if entry is None:
             static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -167,9 +168,8 @@ class Timer:
                     f"its forward cannot be captured in a CUDA graph ({type(exc).__name__}: {str(exc).strip()[:300]}); "
                     "time it with events (--set eval.timing=events)"
                 ) from exc
-            entry = (fn, static, (graph, output))
-            self._graphs[id(fn)] = entry
-        _, static, (graph, output) = entry
+            entry = self._graphs[fn] = (static, graph, output)
+        static, graph, output = entry
         for slot, arg in zip(static, args, strict=True):
             if isinstance(slot, torch.Tensor) and isinstance(arg, torch.Tensor) and slot.data_ptr() != arg.data_ptr():
                 slot.copy_(arg)

@@ -495,8 +495,7 @@ def time_candidate(
     cand = stats(list(samples), timer.clock)
     ref = base.reference.stats
     against, against_samples, fallback = chosen_baseline(cfg, base)
-    baseline_ms = ref.median if against == "eager" else base.compiled.median if base.compiled else ref.median
-    speedup = baseline_ms / cand.median if cand.median > 0 else float("inf")
+    speedup = statistics.median(against_samples) / cand.median if cand.median > 0 else float("inf")
     band = base.noise_band
     compiled = base.compiled
     return TimingReport(
