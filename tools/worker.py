@@ -147,15 +147,14 @@ class Worker:
         ]
         # fmt: on
         fds = (child_sock.fileno(), judge_sock.fileno())
+        env = {**self._env(), **started_at()}
         template = self._template()
         if template is not None:
             # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
             cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
-            self.proc = template.spawn(
-                "tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env={**self._env(), **started_at()}, pass_fds=fds
-            )
+            self.proc = template.spawn("tools.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=env, pass_fds=fds)
         else:
-            self.proc = sandbox.popen_logged(cmd, self.workdir, {**self._env(), **started_at()}, self.log_path, fds)
+            self.proc = sandbox.popen_logged(cmd, self.workdir, env, self.log_path, fds)
         child_sock.close()
         judge_sock.close()
         self.conn = Connection(os.dup(parent_sock.fileno()))
@@ -163,8 +162,8 @@ class Worker:
         self.pid = self.proc.pid
         self.starts += 1
         started = time.monotonic()
-        ready = self._recv_or_none() if self.conn.poll(_STARTUP_TIMEOUT_S) else None
-        if not (isinstance(ready, tuple) and ready[0] == "ready"):
+        steps = _ready_steps(self.conn)
+        if steps is None:
             detail = sandbox.tail(self.log_path)
             killed = self.proc.poll() == -signal.SIGKILL
             self.close()
@@ -175,14 +174,9 @@ class Worker:
                 return self.start(_retry=True)
             raise WorkerStartError(f"the evaluation worker did not start; its output:\n{detail}")
         self.last_start_s = time.monotonic() - started
-        # The runner's own account of its start (its word only: for the log, never for a verdict).
-        steps = ready[1] if isinstance(ready[1], dict) else {}
+        # `steps`: the runner's own account of its start (its word only: for the log, never for a verdict).
         seconds = round(self.last_start_s, 2)
         log.info("worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=seconds, runner_steps=steps)
-
-    def _recv_or_none(self) -> object:
-        assert self.conn is not None
-        return _recv_or_none(self.conn)
 
     def _template(self) -> ForkServer | None:
         """The warm template this worker forks its runners from; None (plain processes) where it cannot start."""
@@ -364,6 +358,14 @@ class Worker:
             self._forkserver = None
 
 
+def _ready_steps(conn: Connection) -> dict[str, float] | None:
+    """The start-up steps a child's `("ready", steps)` message reports, or None when none came in time."""
+    ready = _recv_or_none(conn) if conn.poll(_STARTUP_TIMEOUT_S) else None
+    if not (isinstance(ready, tuple) and len(ready) == 2 and ready[0] == "ready"):
+        return None
+    return ready[1] if isinstance(ready[1], dict) else {}
+
+
 def _recv_or_none(conn: Connection) -> object:
     try:
         return conn.recv()
@@ -440,12 +442,12 @@ class Judge:
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
         self.starts += 1
-        ready = _recv_or_none(self.conn) if self.conn.poll(_STARTUP_TIMEOUT_S) else None
-        if not (isinstance(ready, tuple) and ready[0] == "ready"):
+        steps = _ready_steps(self.conn)
+        if steps is None:
             detail = self.log_tail()
             self._stop()
             raise WorkerStartError(f"the judge process did not start; its output:\n{detail}")
-        log.info("judge_started", pid=self.proc.pid, device=self.device, seconds=ready[1])
+        log.info("judge_started", pid=self.proc.pid, device=self.device, seconds=steps)
 
     def submit(self, job: EvalJob, runner_end: socket.socket) -> Connection:
         """Send a job and the runner's socket; the reply comes on the returned connection."""
