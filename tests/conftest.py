@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -12,6 +14,15 @@ from candidates import task_source
 
 from tools.config import EvalConfig
 from tools.jobs import TaskProgram
+
+
+@pytest.fixture(autouse=True)
+def restore_structlog() -> Iterator[None]:
+    """The CLI commands point structlog at the CliRunner's stderr, closed after each invoke: no
+    later test may log there."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

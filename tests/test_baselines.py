@@ -5,28 +5,17 @@ header says which baseline, and the report counts fast_1 entries inside the A/A 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
-import pytest
-import structlog
-from typer.testing import CliRunner, Result
+from cli_runner import run_cli
 
-from bench.cli import app
 from bench.experiment import read_results
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
 
 
-def refinery(*args: str | Path) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200", "REFINERY_DEBUG": ""})
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
+refinery = partial(run_cli, columns=200)
 
 
 def test_the_baseline_changes_the_speedups_and_the_header_says_which(tmp_path: Path, cache_dir: Path) -> None:

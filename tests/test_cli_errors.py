@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from cli_runner import run_cli
+from typer.testing import Result
 
-from bench.cli import app
 from bench.experiment import TrajectoryRecord, TurnOutcome
 from bench.tasks import SuiteError
 
@@ -22,8 +23,7 @@ SOLUTION = Path(__file__).parent / "fixtures" / "cpu_solutions" / "1_relu.py"
 V0_RUN = Path(__file__).parent / "fixtures" / "traces_v0"
 
 
-def refinery(*args: str | Path, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "80", "REFINERY_DEBUG": "", **(env or {})})
+refinery = partial(run_cli, columns=80)
 
 
 def assert_user_error(result: Result, *phrases: str) -> str:

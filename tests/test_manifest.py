@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Self
 
 import pytest
-import structlog
-from typer.testing import CliRunner, Result
+from cli_runner import run_cli
 
-from bench.cli import app
 from bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir
 from bench.provenance import collect_manifest, sha256_of
 from tools.config import EvalConfig
@@ -28,15 +26,7 @@ RELU = ROOT / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
 SOLUTION = Path(__file__).parent / "fixtures" / "cpu_solutions" / "1_relu.py"
 
 
-def refinery(*args: str | Path) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200", "REFINERY_DEBUG": ""})
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
+refinery = partial(run_cli, columns=200)
 
 
 @pytest.fixture(scope="module")

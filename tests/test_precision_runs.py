@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
-import structlog
+from cli_runner import run_cli
 from rich.console import Console
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 from agent.config import Variant
 from agent.models import open_chat_model
 from agent.prompting import build_messages, idea_messages
 from agent.state import TaskSpec
-from bench.cli import app
 from bench.compare import compare, resolve_sides
 from bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir, read_precisions, read_results, run_experiment
 from bench.render import print_result
@@ -36,8 +35,7 @@ RELU = ROOT / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
 SOLUTION = Path(__file__).parent / "fixtures" / "cpu_solutions" / "1_relu.py"
 
 
-def refinery(*args: str | Path) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "80", "REFINERY_DEBUG": ""})
+refinery = partial(run_cli, columns=80)
 
 
 def one_line_error(result: Result, *phrases: str) -> None:
@@ -47,14 +45,6 @@ def one_line_error(result: Result, *phrases: str) -> None:
     assert "Traceback" not in result.output
     for phrase in phrases:
         assert phrase in lines[0], f"{phrase!r} not in {lines[0]!r}"
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """The commands point structlog at the CliRunner's stderr, closed after each invoke: later tests must not log there."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 class Captured(Exception):

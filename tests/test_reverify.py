@@ -4,15 +4,13 @@ planted on disk to be wrong now, resumes from reverify.json, and re-checks one r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
-import structlog
-from typer.testing import CliRunner, Result
+from cli_runner import run_cli
 
 from agent.scripted import load_script
-from bench.cli import app
 from bench.experiment import ExperimentConfig, prepare_run_dir, run_experiment
 from bench.reverify import Measured, Recheck, read_reverify, record_id
 from tools.pool import EvaluatorPool
@@ -26,16 +24,7 @@ RIGHT = "b[i] = a[i] > 0.f ? a[i] : 0.f;"
 WRONG = "b[i] = a[i] > 0.f ? a[i] : 0.5f * a[i];"  # a leaky ReLU: wrong on every negative input
 
 
-def refinery(*args: str | Path) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "120", "REFINERY_DEBUG": ""})
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """The commands point structlog at the CliRunner's stderr, closed after each invoke."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
+refinery = partial(run_cli, columns=120)
 
 
 @pytest.fixture()

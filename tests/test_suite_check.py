@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import signal
+from functools import partial
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from cli_runner import run_cli
 
-from bench.cli import app
 from bench.suite_check import describe_exit
 from bench.suite_check_types import Stage, Status
 
@@ -45,8 +45,7 @@ SYNTHETIC = {
 }
 
 
-def refinery(*args: str | Path) -> Result:
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "80", "REFINERY_DEBUG": ""})
+refinery = partial(run_cli, columns=80)
 
 
 def rows_of(path: Path) -> dict[str, dict[str, object]]:
