@@ -12,7 +12,7 @@ NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE := -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)"
 endif
 
-# clang++ and LLVM's OpenMP runtime build C++ candidates several times faster (tools/pch.py): installed
+# clang++ and LLVM's OpenMP runtime build C++ candidates several times faster (tools/steps/pch.py): installed
 # where root and apt allow; elsewhere C++ builds use GCC, only slower.
 CLANG := { command -v clang++-19 || command -v clang++ \
 	|| { [ "$$(id -u)" = 0 ] && command -v apt-get && apt-get update -q && apt-get install -y -q clang-19 libomp-19-dev; } \
@@ -33,8 +33,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
 	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,local,ray,kernelguard,serve,rl]'
-	$(BIN)/python -m agent.local_model prepare
-	$(CLANG) && $(BIN)/python -m tools.pch
+	$(BIN)/python -m kernel_refinery.agent.chat.local_model prepare
+	$(CLANG) && $(BIN)/python -m kernel_refinery.tools.steps.pch
 	touch $(STAMP)
 
 setup: $(STAMP)

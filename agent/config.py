@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tools.config import EvalConfig
+from kernel_refinery.tools.config import EvalConfig
 
 FEEDBACK_PARTS = ("E", "P", "N")
 

@@ -19,8 +19,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from agent.nodes import AgentContext, compile_candidate, decide, execute, extract, generate, profile, record
-from agent.state import Outcome, RefineInput, RefineState, TurnInput, TurnOutput, TurnState
+from kernel_refinery.agent.nodes import AgentContext, compile_candidate, decide, execute, extract, generate, profile, record
+from kernel_refinery.agent.state import Outcome, RefineInput, RefineState, TurnInput, TurnOutput, TurnState
 
 TURN_NODES: dict[str, Callable[..., dict[str, Any]]] = {
     "generate": generate,

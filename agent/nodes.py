@@ -20,23 +20,24 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langgraph.runtime import Runtime
 
-from agent.budget import Budget
-from agent.config import RunConfig
-from agent.extract import extract_candidate
-from agent.llm import TASK_KEY, TURN_KEY, ChatReply, call_model
-from agent.prompting import PromptFrame
-from agent.quiet import QuietHost
-from agent.state import Attempt, Outcome, RefineState, TurnState
-from tools.jobs import TaskProgram
-from tools.results import EvalResult, EvalStatus, Stage
-from traces.schema import TraceMessage, TrajectoryId, TurnRecord
-from traces.store import append_turn
+from kernel_refinery.agent.budget import Budget
+from kernel_refinery.agent.chat.llm import TASK_KEY, TURN_KEY, ChatReply, call_model
+from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.extract import extract_candidate
+from kernel_refinery.agent.prompting import PromptFrame
+from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.state import Attempt, Outcome, RefineState, TurnState
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult, Stage
+from kernel_refinery.traces.schema import TraceMessage, TrajectoryId, TurnRecord
+from kernel_refinery.traces.store import append_turn
 
 log = structlog.get_logger()
 
 
 class CandidateEvaluator(Protocol):
-    """What the loop needs of an evaluator: tools.evaluator.Evaluator, tools.pool.EvaluatorPool and
+    """What the loop needs of an evaluator: tools.evaluator.Evaluator, tools.processes.pool.EvaluatorPool and
     bench.ray_pool.RayEvaluatorPool each fit (a pool's `run` is thread-safe)."""
 
     def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult: ...

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-import prompts
-from agent.config import RunConfig, Variant
-from agent.extract import REFERENCE_ECHO
-from agent.state import Attempt, TaskSpec
-from tools.results import EvalResult, EvalStatus
+from kernel_refinery import prompts
+from kernel_refinery.agent.config import RunConfig, Variant
+from kernel_refinery.agent.extract import REFERENCE_ECHO
+from kernel_refinery.agent.state import Attempt, TaskSpec
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.results import EvalResult
 
 _RUN_FAILURES = (EvalStatus.RUNTIME_ERROR, EvalStatus.CUDA_FAULT, EvalStatus.TIMEOUT, EvalStatus.OOM)
 

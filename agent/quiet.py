@@ -16,8 +16,8 @@ from typing import Literal
 
 import structlog
 
-from agent.config import ModelSettings, needs_quiet_host
-from tools.config import EvalConfig
+from kernel_refinery.agent.config import ModelSettings, needs_quiet_host
+from kernel_refinery.tools.config import EvalConfig
 
 log = structlog.get_logger()
 

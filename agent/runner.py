@@ -18,14 +18,14 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from agent.budget import Budget
-from agent.config import RunConfig
-from agent.graph import build_graph
-from agent.nodes import AgentContext, CandidateEvaluator
-from agent.quiet import QuietHost
-from agent.state import Attempt, Outcome, RefineInput, RefineState, TaskSpec, best_attempt
-from traces.schema import TokenUsage, TrajectoryId
-from traces.store import trace_path
+from kernel_refinery.agent.budget import Budget
+from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.graph import build_graph
+from kernel_refinery.agent.nodes import AgentContext, CandidateEvaluator
+from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.state import Attempt, Outcome, RefineInput, RefineState, TaskSpec, best_attempt
+from kernel_refinery.traces.schema import TokenUsage, TrajectoryId
+from kernel_refinery.traces.store import trace_path
 
 log = structlog.get_logger()
 
@@ -68,12 +68,14 @@ def _state_types() -> list[tuple[str, str]]:
 
     from pydantic import BaseModel
 
-    import agent.state
-    import tools.results
-    import traces.schema
+    import kernel_refinery.agent.state
+    import kernel_refinery.core.verdict
+    import kernel_refinery.tools.results
+    import kernel_refinery.traces.schema
 
     allowed = []
-    for module in (agent.state, tools.results, traces.schema):
+    modules = (kernel_refinery.agent.state, kernel_refinery.core.verdict, kernel_refinery.tools.results, kernel_refinery.traces.schema)
+    for module in modules:
         for name, obj in vars(module).items():
             if inspect.isclass(obj) and obj.__module__ == module.__name__ and issubclass(obj, (BaseModel, Enum)):
                 allowed.append((module.__name__, name))

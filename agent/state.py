@@ -11,9 +11,9 @@ from typing import Annotated, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
-from tools.results import EvalResult
-from traces.schema import TokenUsage, TraceMessage
-from traces.verdict import Verdict, best
+from kernel_refinery.core.verdict import Verdict, best
+from kernel_refinery.tools.results import EvalResult
+from kernel_refinery.traces.schema import TokenUsage, TraceMessage
 
 
 class Outcome(str, Enum):
@@ -65,7 +65,7 @@ class Attempt(BaseModel):
 
     @property
     def status(self) -> Verdict:
-        """The verdict, under the name traces.verdict.best reads."""
+        """The verdict, under the name kernel_refinery.core.verdict.best reads."""
         return self.verdict
 
     def reaches(self, target_speedup: float) -> bool:
@@ -74,7 +74,7 @@ class Attempt(BaseModel):
 
 
 def best_attempt(attempts: list[Attempt]) -> Attempt | None:
-    """The fastest correct attempt (traces.verdict.best); ties go to the earliest turn."""
+    """The fastest correct attempt (kernel_refinery.core.verdict.best); ties go to the earliest turn."""
     # A stable sort by turn: best-of-n's samples each start again at turn 1.
     found = best(sorted(attempts, key=lambda a: a.turn))
     return found if found is not None and found.correct else None

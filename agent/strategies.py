@@ -23,17 +23,17 @@ from pathlib import Path
 import structlog
 from langchain_core.language_models import BaseChatModel
 
-from agent.budget import Budget
-from agent.config import RunConfig
-from agent.graph import TURN
-from agent.llm import CALL_KEY, TASK_KEY, TURN_KEY
-from agent.nodes import AgentContext, CandidateEvaluator
-from agent.quiet import QuietHost
-from agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
-from agent.state import Attempt, TaskSpec, TreePlace, TurnInput
-from traces.schema import TokenUsage, TrajectoryId
-from traces.store import trace_path
-from traces.verdict import Verdict, merit
+from kernel_refinery.agent.budget import Budget
+from kernel_refinery.agent.chat.llm import CALL_KEY, TASK_KEY, TURN_KEY
+from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.graph import TURN
+from kernel_refinery.agent.nodes import AgentContext, CandidateEvaluator
+from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
+from kernel_refinery.agent.state import Attempt, TaskSpec, TreePlace, TurnInput
+from kernel_refinery.core.verdict import Verdict, merit
+from kernel_refinery.traces.schema import TokenUsage, TrajectoryId
+from kernel_refinery.traces.store import trace_path
 
 log = structlog.get_logger()
 
@@ -150,7 +150,7 @@ class BeamNode:
 
 def select_seeds(nodes: list[BeamNode], width: int) -> list[BeamNode]:
     """The `width` best kernels so far (parents stay in the pool, so a round that finds nothing
-    better does not lose the best); ties go to the earliest node. Ranked by traces.verdict.merit,
+    better does not lose the best); ties go to the earliest node. Ranked by kernel_refinery.core.verdict.merit,
     the order `best` picks by."""
     with_code = [n for n in nodes if n.attempt.code is not None]
     order = sorted(range(len(with_code)), key=lambda i: (merit(with_code[i]), -i), reverse=True)

@@ -1,11 +1,11 @@
 """kernel-refinery as a library: evaluate candidates, run experiments, read their results.
 
-    from bench import evaluate, load_task
+    from kernel_refinery import evaluate, load_task
 
     result = evaluate(load_task("1_relu"), open("my_relu.py").read())
     print(result.status, result.speedup)
 
-Everything here is also importable from `bench` itself. A result is the same EvalResult that
+Everything here is importable from `kernel_refinery` itself. A result is the same EvalResult that
 `refinery eval --json` prints; candidate code runs in worker processes, never in the caller's.
 Names outside `__all__` are private.
 """
@@ -17,17 +17,17 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench import __all__ as _public_names
-from bench.experiment import ExperimentConfig, TrajectoryRecord
-from bench.report import GroupScores
-from bench.tasks import SuiteError, Task, builtin_suite_root, load_task_file, resolve_suite
-from bench.tasks import load_suite as _load_suite_at
-from bench.tasks import task_from_source as task_from_source  # public, re-exported
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.results import EvalResult
-from traces.errors import RunDirError
-from traces.schema import TrajectoryId, TurnRecord
+from kernel_refinery import __all__ as _public_names
+from kernel_refinery.bench.experiment import ExperimentConfig, TrajectoryRecord
+from kernel_refinery.bench.report import GroupScores
+from kernel_refinery.bench.tasks import SuiteError, Task, builtin_suite_root, load_task_file, resolve_suite
+from kernel_refinery.bench.tasks import load_suite as _load_suite_at
+from kernel_refinery.bench.tasks import task_from_source as task_from_source  # public, re-exported
+from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult
+from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
 
 # The public names, listed once: in the package (bench/__init__.py), which re-exports them lazily.
 __all__ = list(_public_names)
@@ -69,7 +69,7 @@ def evaluate(task: TaskLike, code: str, settings: EvalConfig | None = None) -> E
     """Judge one candidate (a module defining ModelNew) against `task`: static check, compile,
     correctness, timing and profile, with `settings` (default EvalConfig(): CPU, fp32, 100 trials).
     The verdict is `result.status`; `result.speedup` is set when it is correct."""
-    from tools.evaluator import Evaluator
+    from kernel_refinery.tools.evaluator import Evaluator
 
     config = settings or EvalConfig()
     program = _program(_task(task), config)
@@ -78,10 +78,10 @@ def evaluate(task: TaskLike, code: str, settings: EvalConfig | None = None) -> E
 
 
 def evaluate_many(pairs: Sequence[tuple[TaskLike, str]], settings: EvalConfig | None = None, workers: int = 2) -> list[EvalResult]:
-    """Judge several (task, code) pairs over a pool of `workers` worker processes (tools/pool.py,
+    """Judge several (task, code) pairs over a pool of `workers` worker processes (tools/processes/pool.py,
     as experiments use); results in the order of `pairs`. A candidate that crashes its worker
     gets its own runtime_error; the others are not affected."""
-    from tools.pool import EvaluatorPool
+    from kernel_refinery.tools.processes.pool import EvaluatorPool
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
@@ -106,17 +106,17 @@ class Experiment:
     def from_toml(cls, path: Path | str, run_dir: Path | str | None = None) -> Experiment:
         """The settings of a TOML file, as `refinery experiment --config` reads them; the run directory
         is `run_dir`, else the file's `run_dir`, else a new one under runs/."""
-        from bench.settings import load_settings
+        from kernel_refinery.bench.settings import load_settings
 
         config, file_run_dir = load_settings(ExperimentConfig, Path(path), {})
         return cls(config, run_dir if run_dir is not None else file_run_dir)
 
     def run(self) -> list[TrajectoryRecord]:
         """Every trajectory not finished yet; returns all records of the experiment's precision."""
-        from agent.models import open_chat_model
-        from bench.experiment import prepare_run_dir, run_experiment
-        from bench.launch import make_pool
-        from tools.hardware import describe
+        from kernel_refinery.agent.chat.models import open_chat_model
+        from kernel_refinery.bench.experiment import prepare_run_dir, run_experiment
+        from kernel_refinery.bench.launch import make_pool
+        from kernel_refinery.tools.hardware import describe
 
         prepare_run_dir(self.run_dir, self.config)
         with open_chat_model(self.config.llm) as chat:
@@ -134,15 +134,15 @@ class Experiment:
 def report_run(run_dir: Path | str, plots: bool = False) -> list[GroupScores]:
     """fast_p, correctness and speedups per level and variant with 95% intervals, as `refinery
     report` computes them; also writes RUN_DIR/report.json (and PNG plots with `plots`).
-    (Not `report`: that name is the module bench.report.)"""
-    from bench.report import report as score_run
+    (Not `report`: that name is the module kernel_refinery.bench.report.)"""
+    from kernel_refinery.bench.report import report as score_run
 
     return score_run(Path(run_dir), console=None, plots=plots)
 
 
 def load_traces(run_dir: Path | str) -> dict[TrajectoryId, list[TurnRecord]]:
     """Every trajectory's turns in a run directory (RUN_DIR/traces/*.jsonl), in turn order."""
-    from traces.store import iter_trajectories, traces_dir
+    from kernel_refinery.traces.store import iter_trajectories, traces_dir
 
     if not traces_dir(Path(run_dir)).is_dir():
         raise RunDirError(f"{run_dir} has no traces/ folder; give the run directory of `refinery run` or `refinery experiment`")

@@ -1,6 +1,6 @@
 """The `refinery` command: thin subcommands that parse, build a config and call the library.
 
-A user error (traces/errors.py: a bad file, flag, config value, endpoint, key or run directory)
+A user error (kernel_refinery/core/errors.py: a bad file, flag, config value, endpoint, key or run directory)
 prints `error: <what failed, where, what to do>` on stderr and exits 2; `--debug` or
 REFINERY_DEBUG=1 shows its traceback instead. Any other exception is a bug and keeps its traceback.
 """
@@ -19,14 +19,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer.core import TyperGroup
 
-from agent.config import RunConfig
-from bench.logs import configure_logging
-from bench.settings import EvalSettings, describe_validation, load_settings, parse_overrides
-from bench.tasks import SuiteError
-from tools.config import EvalConfig
-from traces.cli import traces_app
-from traces.errors import ConfigError, InputFileError, UserError
-from traces.schema import UnknownSchemaVersion
+from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.bench.logs import configure_logging
+from kernel_refinery.bench.settings import EvalSettings, describe_validation, load_settings, parse_overrides
+from kernel_refinery.bench.tasks import SuiteError
+from kernel_refinery.core.errors import ConfigError, InputFileError, UserError
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.traces.cli import traces_app
+from kernel_refinery.traces.schema import UnknownSchemaVersion
 
 if TYPE_CHECKING:
     # The Context that typer's groups create and pass: its own copy of click's.
@@ -98,7 +98,7 @@ def check_model(model: str) -> None:
     """A scripted model's file must exist and hold replies; found before any worker starts."""
     if not model.startswith("scripted:"):
         return
-    from agent.scripted import load_script
+    from kernel_refinery.agent.chat.scripted import load_script
 
     path = Path(model.removeprefix("scripted:"))
     if not path.exists():
@@ -125,9 +125,9 @@ def eval_command(
 ) -> None:
     """Evaluate one candidate against its reference: static check, compile, correctness, timing, profile.
     Settings: the eval table of --config, then --set eval.KEY=VALUE (e.g. eval.trials=50, eval.tolerance=1e-2)."""
-    from bench.tasks import load_task_file
-    from tools.evaluator import Evaluator
-    from tools.jobs import TaskProgram
+    from kernel_refinery.bench.tasks import load_task_file
+    from kernel_refinery.tools.evaluator import Evaluator
+    from kernel_refinery.tools.processes.jobs import TaskProgram
 
     configure_logging(quiet=as_json)
     flags = {**given_flags(device=device, backend=backend, precision=precision, baseline=baseline), **parse_overrides(overrides or [])}
@@ -139,7 +139,7 @@ def eval_command(
     with Evaluator(config) as evaluator:
         result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for(device)), candidate)
     if as_json:
-        from bench.provenance import collect_manifest
+        from kernel_refinery.bench.provenance import collect_manifest
 
         # The result's own fields stay at the top (readers of earlier output keep working); the
         # manifest says where and how it was measured.
@@ -147,7 +147,7 @@ def eval_command(
         payload = {**json.loads(result.model_dump_json()), "manifest": manifest.model_dump(mode="json")}
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     else:
-        from bench.render import print_result
+        from kernel_refinery.bench.render import print_result
 
         print_result(console, task.name, result)
     raise typer.Exit(0 if result.correct else 1)
@@ -205,8 +205,8 @@ def run_command(
     resume: Annotated[bool, typer.Option(help="continue this run directory's trajectory")] = False,
 ) -> None:
     """One task with one strategy (default: one refinement trajectory), printing each verdict as it happens."""
-    from bench.launch import launch_run
-    from bench.tasks import load_task_file
+    from kernel_refinery.bench.launch import launch_run
+    from kernel_refinery.bench.tasks import load_task_file
 
     configure_logging()
     flags = given_flags(variant=variant, turns=turns, strategy=strategy, model=model, device=device, precision=precision)
@@ -238,8 +238,8 @@ def experiment_command(
 ) -> None:
     """Run suites × variants × samples in parallel, resumable, and print the fast_p table.
     Every other setting by its key: --set samples=3 --set strategies='["refine","beam"]' --set workers=2 --set eval.trials=50."""
-    from bench.experiment import ExperimentConfig
-    from bench.launch import launch
+    from kernel_refinery.bench.experiment import ExperimentConfig
+    from kernel_refinery.bench.launch import launch
 
     configure_logging(quiet=True)
     flags = given_flags(suite=suite, levels=_ints(levels), tasks=tasks, variants=_list(variants), turns=turns, model=model, device=device)
@@ -268,15 +268,15 @@ def report_command(
 ) -> None:
     """fast_p per level × variant with 95% intervals, rates, geometric-mean speedup and tokens; JSON and PNG plots too."""
     if compare is not None:
-        from bench.compare import compare as paired
-        from bench.compare import render, resolve_sides
+        from kernel_refinery.bench.compare import compare as paired
+        from kernel_refinery.bench.compare import render, resolve_sides
 
         a, b, key, paired_on = resolve_sides(run_dir, *compare)
         render(paired(a, b, key, paired_on), console, wide=wide)
         return
     if run_dir is None:
         raise ConfigError("give a run directory (refinery report RUN_DIR), or --compare A B with two run directories")
-    from bench.report import report
+    from kernel_refinery.bench.report import report
 
     report(run_dir, console=console, plots=plots, wide=wide)
     console.print(f"written: {run_dir / 'report.json'}", highlight=False)
@@ -299,7 +299,7 @@ def reverify_command(
 ) -> None:
     """Judge each trajectory's best kernel again on this machine, with fresh seeds, beside its recorded verdict.
     Exits 1 when a verdict changed."""
-    from bench.reverify_render import reverify_and_report
+    from kernel_refinery.bench.reverify_render import reverify_and_report
 
     configure_logging(quiet=True)
     rechecks = reverify_and_report(console, run_dir, task, variant, precision, record, suite, workers, restart, wide, timing)
@@ -325,7 +325,7 @@ def serve_local_command(
     threads: Annotated[int | None, typer.Option(help="CPU threads for the model")] = None,
 ) -> None:
     """Run the embedded model's OpenAI-compatible server in the foreground, for reuse across runs."""
-    from agent.local_model import serve_local
+    from kernel_refinery.agent.chat.local_model import serve_local
 
     configure_logging()
     serve_local(model, port, threads)
@@ -348,7 +348,7 @@ def serve_command(
     if not token:
         raise ConfigError("refinery serve needs a token: give --token or set REFINERY_SERVE_TOKEN (clients send it as a bearer token)")
     try:
-        from bench.serve import ServeOptions, run_server
+        from kernel_refinery.bench.serve.server import ServeOptions, run_server
     except ModuleNotFoundError as exc:
         raise ConfigError(f"refinery serve needs {exc.name}: pip install 'kernel-refinery[serve]'") from exc
 
@@ -380,9 +380,9 @@ def suite_check_command(
     json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="write every row to this JSON file")] = None,
 ) -> None:
     """Run each task's reference eager and with torch.compile, each in its own process: ok or why not, and its time."""
-    from bench.suite_check import JsonReport, check_device, check_suite, default_jobs, find_tasks
-    from bench.suite_check_render import print_progress, print_summary, print_table
-    from bench.suite_check_types import CheckOptions, TaskCheck
+    from kernel_refinery.bench.suite_check.render import print_progress, print_summary, print_table
+    from kernel_refinery.bench.suite_check.run import JsonReport, check_device, check_suite, default_jobs, find_tasks
+    from kernel_refinery.bench.suite_check.types import CheckOptions, TaskCheck
 
     configure_logging()
     check_device(device)

@@ -6,7 +6,7 @@ precision; for strategies: the same task, variant and precision; for precisions:
 variant and strategy; for runs: the same task, variant, strategy and precision). Per pair, a rate is the share
 of the pair's samples that hit; the geometric-mean speedup is compared as the ratio B / A over the
 pairs correct on both sides. Each difference has a 95% bootstrap interval over the pairs
-(traces/stats.py), and the report says whether it excludes zero (one, for the ratio).
+(kernel_refinery/core/stats.py), and the report says whether it excludes zero (one, for the ratio).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
-from agent.config import Variant
-from bench.experiment import TrajectoryRecord, read_results, results_path
-from traces.errors import ConfigError, RunDirError
-from traces.manifest import Difference, differences, read_manifest
-from traces.scoring import geomean, rate_hits
-from traces.stats import METHOD, Estimate, mean_interval, paired_difference, paired_ratio
-from traces.terminal import add_name_column, add_number_column, compact_table, print_table
+from kernel_refinery.agent.config import Variant
+from kernel_refinery.bench.experiment import TrajectoryRecord, read_results, results_path
+from kernel_refinery.core.errors import ConfigError, RunDirError
+from kernel_refinery.core.stats import METHOD, Estimate, mean_interval, paired_difference, paired_ratio
+from kernel_refinery.traces.manifest import Difference, differences, read_manifest
+from kernel_refinery.traces.scoring import geomean, rate_hits
+from kernel_refinery.traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
 Key = tuple[str | int, ...]
 """A trajectory's id less the sample and the side's own field (TrajectoryId.without); the task first."""

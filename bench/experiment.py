@@ -29,19 +29,19 @@ from typing import Any, Literal
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.config import STRATEGIES, LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, check_temperature
-from agent.nodes import CandidateEvaluator
-from agent.quiet import QuietHost
-from agent.state import TaskSpec
-from agent.strategies import StrategyResult, StrategyRun, run_strategy
-from bench.settings import describe_validation, load_settings, nest_flat_keys
-from bench.tasks import Task, load_suite, resolve_suite
-from tools.config import EvalConfig
-from traces.errors import ConfigError, RunDirError
-from traces.manifest import Difference, differences, flatten, manifest_path, read_manifest, write_manifest
-from traces.outcome import RESULTS_SCHEMA_VERSION, TrajectoryRecord, trajectory_record
-from traces.outcome import TurnOutcome as TurnOutcome  # re-exported: results.jsonl's types were defined here
-from traces.schema import Migrations, TrajectoryId, migrate
+from kernel_refinery.agent.config import STRATEGIES, LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, check_temperature
+from kernel_refinery.agent.nodes import CandidateEvaluator
+from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.state import TaskSpec
+from kernel_refinery.agent.strategies import StrategyResult, StrategyRun, run_strategy
+from kernel_refinery.bench.settings import describe_validation, load_settings, nest_flat_keys
+from kernel_refinery.bench.tasks import Task, load_suite, resolve_suite
+from kernel_refinery.core.errors import ConfigError, RunDirError
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.traces.manifest import Difference, differences, flatten, manifest_path, read_manifest, write_manifest
+from kernel_refinery.traces.outcome import RESULTS_SCHEMA_VERSION, TrajectoryRecord, trajectory_record
+from kernel_refinery.traces.outcome import TurnOutcome as TurnOutcome  # re-exported: results.jsonl's types were defined here
+from kernel_refinery.traces.schema import Migrations, TrajectoryId, migrate
 
 
 class ExperimentConfig(BaseModel):
@@ -102,7 +102,7 @@ class ExperimentConfig(BaseModel):
         return load_settings(cls, path, {})[0]
 
     def eval_config(self) -> EvalConfig:
-        """The evaluator settings (`.eval`); kept for callers written before the nesting (bench/soak, bench/perf)."""
+        """The evaluator settings (`.eval`); kept for callers written before the nesting (benchmarks/soak, benchmarks)."""
         return self.eval
 
     def run_config(self, variant: str, strategy: str = "refine") -> RunConfig:
@@ -118,12 +118,12 @@ class ExperimentConfig(BaseModel):
             return self.workers
         cores = len(os.sched_getaffinity(0))
         if self.eval.device == "cuda":
-            from tools.pool import gpu_count
+            from kernel_refinery.tools.processes.pool import gpu_count
 
             # Compiles take most of a candidate's time and need no GPU: nvcc builds a candidate's .cu on
-            # one core (57 s on the H200's host, bench/perf/compile.py), so the pool compiles on every
+            # one core (57 s on the H200's host, benchmarks/compile.py), so the pool compiles on every
             # core while each GPU's lock lets one candidate run. With half the cores, 16 level-2
-            # candidates kept the GPU busy 32% of the time (bench/results/throughput_h200_level2.json).
+            # candidates kept the GPU busy 32% of the time (results/throughput_h200_level2.json).
             gpus = max(1, gpu_count())
             return max(gpus, min(cores, _WORKERS_PER_GPU * gpus))
         return max(1, cores)
@@ -352,7 +352,7 @@ def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> list[Difference]
 def _record_manifest(run_dir: Path, config: ExperimentConfig) -> list[Difference]:
     """manifest.json: the facts of this invocation; an earlier invocation's, where they differ, is
     kept as manifest-before-<its time>.json so a resumed run's mixed provenance stays visible."""
-    from bench.provenance import collect_manifest
+    from kernel_refinery.bench.provenance import collect_manifest
 
     tasks = load_suite(resolve_suite(config.suite), levels=config.levels, name_filter=config.tasks)
     manifest = collect_manifest(config.eval, [(t.key, t.path) for t in tasks])

@@ -9,27 +9,35 @@ from typing import Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agent.config import RunConfig, needs_quiet_host
-from agent.models import open_chat_model
-from agent.nodes import CandidateEvaluator
-from agent.quiet import QuietHost
-from agent.state import Attempt, TaskSpec
-from agent.strategies import StrategyRun, run_strategy
-from bench.experiment import ExperimentConfig, TrajectoryRecord, is_correct, plan, prepare_run_dir, read_results, run_experiment
-from bench.provenance import collect_manifest
-from bench.render import print_trajectory_end, turn_line
-from bench.report import report
-from bench.tasks import Task
-from tools.config import EvalConfig
-from tools.hardware import describe
-from traces.manifest import write_manifest
-from traces.schema import TrajectoryId
+from kernel_refinery.agent.chat.models import open_chat_model
+from kernel_refinery.agent.config import RunConfig, needs_quiet_host
+from kernel_refinery.agent.nodes import CandidateEvaluator
+from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.state import Attempt, TaskSpec
+from kernel_refinery.agent.strategies import StrategyRun, run_strategy
+from kernel_refinery.bench.experiment import (
+    ExperimentConfig,
+    TrajectoryRecord,
+    is_correct,
+    plan,
+    prepare_run_dir,
+    read_results,
+    run_experiment,
+)
+from kernel_refinery.bench.provenance import collect_manifest
+from kernel_refinery.bench.render import print_trajectory_end, turn_line
+from kernel_refinery.bench.report import report
+from kernel_refinery.bench.tasks import Task
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.hardware import describe
+from kernel_refinery.traces.manifest import write_manifest
+from kernel_refinery.traces.schema import TrajectoryId
 
 QUIET_NOTE = " · LLM calls and evaluations take turns (embedded model on this CPU)"
 
 
 class EvaluationPool(CandidateEvaluator, Protocol):
-    """An experiment's shared evaluator: tools.pool.EvaluatorPool or bench.ray_pool.RayEvaluatorPool."""
+    """An experiment's shared evaluator: tools.processes.pool.EvaluatorPool or bench.ray_pool.RayEvaluatorPool."""
 
     def close(self) -> None: ...
 
@@ -42,18 +50,18 @@ def _numerics_text(config: EvalConfig) -> str:
 
 def make_pool(config: ExperimentConfig) -> EvaluationPool:
     if config.executor == "ray":
-        from bench.ray_pool import RayEvaluatorPool
+        from kernel_refinery.bench.ray_pool import RayEvaluatorPool
 
         # 0: one actor per GPU of the Ray cluster, which this machine's GPU count does not tell.
         return RayEvaluatorPool(config.eval, workers=config.workers)
-    from tools.pool import EvaluatorPool
+    from kernel_refinery.tools.processes.pool import EvaluatorPool
 
     return EvaluatorPool(config.eval, workers=config.worker_count())
 
 
 def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, resume: bool = False) -> None:
     """One task with the config's strategy, printing each verdict as it happens."""
-    from tools.evaluator import Evaluator
+    from kernel_refinery.tools.evaluator import Evaluator
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tools.config import CLOCKS, EvalConfig
-from tools.hardware import _cpu_flags, _cpu_model, nvml
-from traces.manifest import DeviceFacts, EvalFacts, RunManifest, SoftwareFacts, SourceFacts, TaskFile
+from kernel_refinery.tools.config import CLOCKS, EvalConfig
+from kernel_refinery.tools.hardware import _cpu_flags, _cpu_model, nvml
+from kernel_refinery.tools.processes.sandbox import PROJECT_ROOT
+from kernel_refinery.traces.manifest import DeviceFacts, EvalFacts, RunManifest, SoftwareFacts, SourceFacts, TaskFile
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(PROJECT_ROOT)
 _SIMD = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd", "sve")
 _TIMEOUT_S = 20.0
 
@@ -56,7 +57,7 @@ def _first_line(text: str | None) -> str | None:
 
 def compiler_versions(device: str) -> dict[str, str]:
     """The run's C++ compiler, and gcc, clang and nvcc where they are on PATH."""
-    from tools.pch import CLANG_NAMES, identify
+    from kernel_refinery.tools.steps.pch import CLANG_NAMES, identify
 
     found = {"c++ (run)": identify(cuda=device == "cuda").describe()}
     for name, command in (("gcc", "gcc"), ("clang", next((c for c in CLANG_NAMES if shutil.which(c)), "clang"))):

@@ -14,9 +14,9 @@ from typing import Any
 
 import structlog
 
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.results import EvalResult, Stage
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult, Stage
 
 log = structlog.get_logger()
 
@@ -26,7 +26,7 @@ PLACEMENT_TIMEOUT_S = 300.0
 
 class _EvaluatorActor:
     def __init__(self, config: EvalConfig):
-        from tools.evaluator import Evaluator
+        from kernel_refinery.tools.evaluator import Evaluator
 
         self.evaluator = Evaluator(config)
 

@@ -8,14 +8,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tools.results import EvalResult, EvalStatus, TimingReport
-from traces.terminal import badge
-from traces.verdict import Verdict
+from kernel_refinery.core.verdict import EvalStatus, Verdict
+from kernel_refinery.tools.results import EvalResult, TimingReport
+from kernel_refinery.traces.terminal import badge
 
 if TYPE_CHECKING:
-    from agent.runner import TrajectoryResult
-    from agent.state import Attempt
-    from agent.strategies import StrategyResult
+    from kernel_refinery.agent.runner import TrajectoryResult
+    from kernel_refinery.agent.state import Attempt
+    from kernel_refinery.agent.strategies import StrategyResult
 
 __all__ = ["print_result", "print_trajectory_end", "speedup_text", "turn_line"]
 

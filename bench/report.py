@@ -12,10 +12,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.experiment import TrajectoryRecord, read_results
-from traces.errors import RunDirError
-from traces.manifest import RunManifest, read_manifest
-from traces.scoring import (  # the scores themselves live in traces/scoring.py (shared with the HTML report)
+from kernel_refinery.bench.experiment import TrajectoryRecord, read_results
+from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.stats import RESAMPLES, SEED, Estimate
+from kernel_refinery.traces.manifest import RunManifest, read_manifest
+from kernel_refinery.traces.scoring import (  # the scores themselves live in traces/scoring.py (shared with the HTML report)
     P_VALUES,
     GroupScores,
     StrategyScores,
@@ -28,8 +29,7 @@ from traces.scoring import (  # the scores themselves live in traces/scoring.py 
     several_precisions,
     unit_estimates,
 )
-from traces.stats import RESAMPLES, SEED, Estimate
-from traces.terminal import add_name_column, add_number_column, compact_table, print_table
+from kernel_refinery.traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
 __all__ = [
     "P_VALUES",
@@ -113,7 +113,7 @@ def measured_line(manifest: RunManifest | None) -> str:
 
 
 def noise_line(scores: list[GroupScores]) -> str:
-    """How many fast_1 entries lie within their task's A/A noise band (tools/timing_stage.py)."""
+    """How many fast_1 entries lie within their task's A/A noise band (tools/steps/timing_stage.py)."""
     fast_1 = sum(round(s.fast_p.get("1", 0.0) * s.tasks) for s in scores)
     within = sum(s.fast_1_within_noise for s in scores)
     return (

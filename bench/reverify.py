@@ -22,19 +22,19 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agent.config import RunConfig, Variant
-from bench.experiment import read_precisions, read_saved_config
-from bench.provenance import collect_manifest, sha256_of
-from bench.report import P_VALUES
-from bench.tasks import Task, load_task_file, matches, resolve_suite
-from tools.config import EvalConfig, default_cache_dir
-from tools.jobs import TaskProgram
-from tools.results import NONFINITE_AS_STRINGS, EvalResult
-from traces.errors import ConfigError, RunDirError
-from traces.inspect import Trajectory, load_run, speedup_interval, summarise
-from traces.manifest import Difference, RunManifest, differences, read_manifest
-from traces.schema import TrajectoryId, TurnRecord
-from traces.verdict import Verdict
+from kernel_refinery.agent.config import RunConfig, Variant
+from kernel_refinery.bench.experiment import read_precisions, read_saved_config
+from kernel_refinery.bench.provenance import collect_manifest, sha256_of
+from kernel_refinery.bench.report import P_VALUES
+from kernel_refinery.bench.tasks import Task, load_task_file, matches, resolve_suite
+from kernel_refinery.core.errors import ConfigError, RunDirError
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.tools.config import EvalConfig, default_cache_dir
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
+from kernel_refinery.traces.inspect import Trajectory, load_run, speedup_interval, summarise
+from kernel_refinery.traces.manifest import Difference, RunManifest, differences, read_manifest
+from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
 
 REVERIFY_SCHEMA_VERSION = 1
 
@@ -329,7 +329,7 @@ def reverify(
 ) -> list[Recheck]:
     """Judge each planned kernel again through an EvaluatorPool per precision (one fresh seed for the
     whole reverify); returns every re-check of the plan, those done before included, by task and variant."""
-    from tools.pool import EvaluatorPool
+    from kernel_refinery.tools.processes.pool import EvaluatorPool
 
     base, run_workers = run_eval_config(run_dir, timing)
     facts = {"manifest": plan.manifest, "measured_differently": plan.measured_differently}

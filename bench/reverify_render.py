@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.reverify import Measured, Recheck, ReverifyPlan
-from traces.terminal import add_name_column, compact_table, print_table
+from kernel_refinery.bench.reverify import Measured, Recheck, ReverifyPlan
+from kernel_refinery.traces.terminal import add_name_column, compact_table, print_table
 
 
 def _measured(m: Measured, one_line: bool = False) -> str:
@@ -100,7 +100,7 @@ def reverify_and_report(
     timing: str | None = None,
 ) -> list[Recheck]:
     """`refinery reverify`: choose the kernels, judge them again with a line each as they finish, then the table."""
-    from bench.reverify import choose_targets, plan_reverify, restart, reverify, reverify_path
+    from kernel_refinery.bench.reverify import choose_targets, plan_reverify, restart, reverify, reverify_path
 
     if start_over:
         restart(run_dir, timing)

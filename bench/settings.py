@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tools.config import EvalConfig
-from traces.errors import ConfigError, InputFileError
+from kernel_refinery.core.errors import ConfigError, InputFileError
+from kernel_refinery.tools.config import EvalConfig
 
 SECTIONS = ("llm", "loop", "eval", "search")
 

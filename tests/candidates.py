@@ -1,4 +1,4 @@
-"""Real C++ candidates for the CPU tests, built from one shared kernel source (the soak's, bench/soak/kernels.cpp).
+"""Real C++ candidates for the CPU tests, built from one shared kernel source (the soak's, benchmarks/soak/kernels.cpp).
 
 Every candidate passes the same source, name and flags to load_inline, so the compile cache
 builds the extension once per test session and each candidate only differs in its Python.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from bench.soak import KERNELS_CPP
+from benchmarks.soak import KERNELS_CPP
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KERNELS = KERNELS_CPP.read_text()

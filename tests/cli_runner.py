@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner, Result
 
-from bench.cli import app
+from kernel_refinery.bench.cli import app
 
 
 def run_cli(*args: str | Path, columns: int = 80, env: dict[str, str] | None = None) -> Result:

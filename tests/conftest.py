@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from candidates import task_source
 
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
 
 
 @pytest.fixture(autouse=True)

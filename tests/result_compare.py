@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tools.results import EvalResult
+from kernel_refinery.tools.results import EvalResult
 
 _TIMED = {"stage_seconds", "timing", "profile", "worker_log"}
 _COMPILE_RUN = {"seconds", "cache_hits", "cache_misses"}

@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 from candidates import candidate
 
-from agent.config import LoopSettings, ModelSettings, RunConfig
-from agent.graph import ROUTES, build_graph
-from agent.llm import build_chat_model
-from agent.nodes import AgentContext
-from agent.runner import checkpoint_path, open_checkpointer, run_trajectory
-from agent.scripted import scripted_model
-from agent.state import Outcome, TaskSpec
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from traces.schema import TrajectoryId
-from traces.store import read_trace
+from kernel_refinery.agent.chat.llm import build_chat_model
+from kernel_refinery.agent.chat.scripted import scripted_model
+from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig
+from kernel_refinery.agent.graph import ROUTES, build_graph
+from kernel_refinery.agent.nodes import AgentContext
+from kernel_refinery.agent.runner import checkpoint_path, open_checkpointer, run_trajectory
+from kernel_refinery.agent.state import Outcome, TaskSpec
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.traces.schema import TrajectoryId
+from kernel_refinery.traces.store import read_trace
 
 BROKEN = candidate("return ext.relu_fwd(x)").replace(
     'cpp_source = r"""', 'cpp_source = r"""\nint broken_helper() { return undeclared_identifier; }', 1
@@ -112,7 +112,7 @@ def test_compile_error_then_wrong_then_correct_under_G_E(
     first, second, third = out["records"]
     assert first.status == "compile_error" and second.status == "incorrect" and third.status == "correct"
     # The next prompt carries the actual compiler error, then the actual diff.
-    # GCC says "was not declared", clang "use of undeclared identifier" (tools/pch.py picks the compiler).
+    # GCC says "was not declared", clang "use of undeclared identifier" (tools/steps/pch.py picks the compiler).
     assert "undeclared_identifier" in prompt_of(second) and any(said in prompt_of(second) for said in UNDECLARED)
     assert "failed to compile" in prompt_of(second)
     diff = second.result.correctness.mismatches[0]
@@ -305,7 +305,7 @@ def test_api_key_never_reaches_traces_or_logs(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from bench.soak.fake_server import FaultPlan, ServerLog, serve
+    from benchmarks.soak.fake_server import FaultPlan, ServerLog, serve
 
     secret = "sk-refinery-test-0123456789abcdef"
     monkeypatch.setenv("REFINERY_TEST_KEY", secret)
@@ -337,7 +337,7 @@ def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(
     mid-turn then cannot resume inside today's turn, and must not read as finished either."""
     from langgraph.graph import START, StateGraph
 
-    from agent.state import RefineState
+    from kernel_refinery.agent.state import RefineState
 
     def old_generate(state: Any) -> dict[str, Any]:
         return {"turn": 1, "outcome": Outcome.CODE}
@@ -375,8 +375,8 @@ def test_a_greedy_prompt_sent_twice_is_answered_once(temperature: float, request
     """At temperature 0 every variant's turn 1 is the same prompt: it reaches the endpoint once."""
     from langchain_core.messages import HumanMessage
 
-    from agent.llm import call_model
-    from bench.soak.fake_server import ServerLog, serve
+    from benchmarks.soak.fake_server import ServerLog, serve
+    from kernel_refinery.agent.chat.llm import call_model
 
     log = ServerLog()
     with serve(["first reply", "second reply"], log) as url:

@@ -1,4 +1,4 @@
-"""The public Python API (bench/api.py, re-exported from `bench`): every entry point on CPU, with
+"""The public Python API (bench/api.py, re-exported from `kernel_refinery`): every entry point on CPU, with
 real C++ candidates that share one build (tests/candidates.py)."""
 
 from __future__ import annotations
@@ -11,12 +11,23 @@ from candidates import FIXTURES, candidate
 from result_compare import EVAL_SETS, comparable, eval_json
 from typer.testing import CliRunner
 
-import bench
-from bench import EvalConfig, Experiment, ExperimentConfig, evaluate, evaluate_many, load_suite, load_task, load_traces, report_run
-from bench.api import __all__ as api_names
-from bench.cli import app
-from bench.tasks import SuiteError
-from traces.errors import RunDirError
+import kernel_refinery
+import kernel_refinery.bench.api
+from kernel_refinery import (
+    EvalConfig,
+    Experiment,
+    ExperimentConfig,
+    evaluate,
+    evaluate_many,
+    load_suite,
+    load_task,
+    load_traces,
+    report_run,
+)
+from kernel_refinery.bench.api import __all__ as api_names
+from kernel_refinery.bench.cli import app
+from kernel_refinery.bench.tasks import SuiteError
+from kernel_refinery.core.errors import RunDirError
 
 SMALL_RELU = FIXTURES / "small_relu_task.py"
 CORRECT = candidate("return ext.scaled_relu(x, 1e-3)")  # small_relu's reference is relu(x) * 1e-3
@@ -30,10 +41,10 @@ def settings(cache_dir: Path) -> EvalConfig:
 
 
 def test_the_package_exports_the_api_and_nothing_else() -> None:
-    assert sorted(bench.__all__) == sorted(api_names)
-    assert all(getattr(bench, name) is getattr(bench.api, name) for name in api_names)
+    assert sorted(kernel_refinery.__all__) == sorted(api_names)
+    assert all(getattr(kernel_refinery, name) is getattr(kernel_refinery.bench.api, name) for name in api_names)
     with pytest.raises(AttributeError, match="no attribute 'Evaluator'"):
-        _ = bench.Evaluator  # type: ignore[attr-defined]  # checking that the private names stay private
+        _ = kernel_refinery.Evaluator  # type: ignore[attr-defined]  # checking that the private names stay private
 
 
 def test_tasks_by_name_by_path_and_from_suites() -> None:
@@ -47,7 +58,7 @@ def test_tasks_by_name_by_path_and_from_suites() -> None:
     with pytest.raises(SuiteError, match="does not exist"):
         load_suite("/no/such/suite")
     with pytest.raises(SuiteError, match="not a KernelBench task"):
-        bench.task_from_source("x = 1\n", name="x")
+        kernel_refinery.task_from_source("x = 1\n", name="x")
 
 
 def test_evaluate_gives_what_refinery_eval_gives(settings: EvalConfig, tmp_path: Path) -> None:

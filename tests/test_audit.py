@@ -1,4 +1,4 @@
-"""tools/audit.py: the settings snapshot and the audit hook, each check in a fresh interpreter.
+"""tools/guards/audit.py: the settings snapshot and the audit hook, each check in a fresh interpreter.
 
 An audit hook cannot be removed, so every check that installs one runs in its own
 `python -c` process; the snapshot checks do too, since they change global settings.
@@ -14,7 +14,7 @@ from textwrap import dedent
 
 import pytest
 
-from tools.audit import DEFAULT_COMPILERS, TOOLS_DIR
+from kernel_refinery.tools.guards.audit import DEFAULT_COMPILERS, TOOLS_DIR
 
 ROOT = TOOLS_DIR.parent
 
@@ -22,7 +22,7 @@ ARMED = dedent(
     """
     import os, sys, tempfile
     import torch
-    from tools import audit
+    from kernel_refinery.tools.guards import audit
 
     WORK = tempfile.mkdtemp(prefix="audit-work-")
     OUTSIDE = tempfile.mkdtemp(prefix="audit-outside-")
@@ -73,7 +73,7 @@ def test_snapshot_names_thread_flag_and_dtype_changes(tmp_path: Path) -> None:
         dedent(
             """
             import torch
-            from tools import audit
+            from kernel_refinery.tools.guards import audit
             before = audit.snapshot()
             threads = torch.get_num_threads()
             torch.set_num_threads(threads + 1)
@@ -112,7 +112,7 @@ def test_snapshot_names_a_torch_function_replaced_through_sys_modules(tmp_path: 
             """
             import os, sys
             import torch
-            from tools import audit
+            from kernel_refinery.tools.guards import audit
             before = audit.snapshot()
             sys.modules["torch"].relu = lambda x: x
             sys.modules["torch.nn.functional"].gelu = lambda x, approximate="none": x
@@ -138,27 +138,30 @@ def test_snapshot_names_a_wrapped_harness_function(tmp_path: Path) -> None:
         dedent(
             """
             import functools, sys, types
-            from tools import audit
+            from kernel_refinery.tools.guards import audit
 
-            fake = types.ModuleType("tools.fake_timer")
+            fake = types.ModuleType("kernel_refinery.tools.fake_timer")
             exec(
                 "def measure(fn):\\n    return 1.0\\n"
                 "class Timer:\\n    def elapsed(self):\\n        return 1.0\\n",
                 fake.__dict__,
             )
-            fake.Timer.__module__ = "tools.fake_timer"
-            sys.modules["tools.fake_timer"] = fake
+            fake.Timer.__module__ = "kernel_refinery.tools.fake_timer"
+            sys.modules["kernel_refinery.tools.fake_timer"] = fake
             before = audit.snapshot()
 
-            original = sys.modules["tools.fake_timer"].measure
-            sys.modules["tools.fake_timer"].measure = functools.wraps(original)(lambda fn: 0.5 * original(fn))
+            original = sys.modules["kernel_refinery.tools.fake_timer"].measure
+            sys.modules["kernel_refinery.tools.fake_timer"].measure = functools.wraps(original)(lambda fn: 0.5 * original(fn))
             fake.Timer.elapsed = lambda self: 0.0
             print("\\n".join(audit.changed(before, audit.snapshot())))
             """
         ),
         tmp_path,
     )
-    assert out.splitlines() == ["tools.fake_timer.Timer.elapsed replaced", "tools.fake_timer.measure replaced"]
+    assert out.splitlines() == [
+        "kernel_refinery.tools.fake_timer.Timer.elapsed replaced",
+        "kernel_refinery.tools.fake_timer.measure replaced",
+    ]
 
 
 def test_snapshot_is_quiet_cheap_and_leaves_cuda_alone(tmp_path: Path) -> None:
@@ -167,7 +170,7 @@ def test_snapshot_is_quiet_cheap_and_leaves_cuda_alone(tmp_path: Path) -> None:
             """
             import time
             import torch
-            from tools import audit
+            from kernel_refinery.tools.guards import audit
             before = audit.snapshot()
             audit.install_hook(writable_dirs=["/tmp"])
             audit.arm()
@@ -255,11 +258,11 @@ def test_harness_code_may_still_read_its_own_frames(tmp_path: Path) -> None:
         dedent(
             """
             import sys, tempfile
-            from tools import audit
+            from kernel_refinery.tools.guards import audit
             """
         )
         + FAKE_HARNESS
-        + f"harness = harness_module('tools.fake_runner', {HARNESS!r})\n"
+        + f"harness = harness_module('kernel_refinery.tools.fake_runner', {HARNESS!r})\n"
         + dedent(
             """
             audit.install_hook(writable_dirs=[tempfile.gettempdir()])
@@ -341,7 +344,7 @@ def test_subprocesses_are_refused_but_the_compilers(tmp_path: Path) -> None:
             refused(os.kill, os.getppid(), 0)
 
             # An allowed compiler runs, through the wrapped _posixsubprocess.fork_exec.
-            assert _posixsubprocess.fork_exec.__module__ == "tools.audit"
+            assert _posixsubprocess.fork_exec.__module__ == "kernel_refinery.tools.guards.audit"
             assert subprocess._fork_exec is _posixsubprocess.fork_exec  # subprocess's own alias too
             print(subprocess.run(["c++", "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0])
             child = subprocess.Popen(["c++", "-x", "c++", "-E", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
@@ -440,9 +443,9 @@ BUILD = dedent(
     import os, sys, tempfile, time
     from pathlib import Path
     import torch
-    from tools import audit
-    from tools.compile_cache import CompileCache
-    from tools.pch import example_cflags
+    from kernel_refinery.tools.guards import audit
+    from kernel_refinery.tools.steps.compile_cache import CompileCache
+    from kernel_refinery.tools.steps.pch import example_cflags
 
     work, cache = Path(sys.argv[1]), Path(sys.argv[2])
     CompileCache(cache).install()

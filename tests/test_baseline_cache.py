@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from candidates import candidate
 
-from tools.baseline_cache import StoredBaseline
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.programs import source_hash
-from tools.results import Stage, TimingReport
-from tools.worker import Judge
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.processes.programs import source_hash
+from kernel_refinery.tools.processes.worker import Judge
+from kernel_refinery.tools.results import Stage, TimingReport
+from kernel_refinery.tools.steps.baseline_cache import StoredBaseline
 
 SLEEPY_TASK = """# {nonce}
 import time

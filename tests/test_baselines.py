@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cli_runner import run_cli
 
-from bench.experiment import read_results
+from kernel_refinery.bench.experiment import read_results
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
 

@@ -1,4 +1,4 @@
-"""C++ candidates built with clang++ and its template-instantiating precompiled header (tools/pch.py):
+"""C++ candidates built with clang++ and its template-instantiating precompiled header (tools/steps/pch.py):
 the same evaluator verdicts as GCC's, OpenMP beside torch's threads, the header only where it is
 valid, the compiler in the key and the results, and GCC where clang is missing."""
 
@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from candidates import candidate
 
-from tools import compile_cache, pch
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import CompileReport, EvalStatus
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import CompileReport
+from kernel_refinery.tools.steps import compile_cache, pch
 
 CLANG = pch.find_clang()
 needs_clang = pytest.mark.skipif(CLANG is None, reason=f"no clang++ here ({', '.join(pch.CLANG_NAMES)})")
@@ -54,7 +55,7 @@ def test_a_correct_kernel_is_correct_and_names_its_compiler(pinned: tuple[str, E
     assert result.timing is not None and result.timing.speedup > 0
     assert result.compile is not None
     if result.compile.compiler is None:
-        pytest.xfail("tools/worker_main.py does not copy the compile cache's compiler into CompileReport yet")
+        pytest.xfail("tools/processes/worker_main.py does not copy the compile cache's compiler into CompileReport yet")
     assert result.compile.compiler == pch._identify(command).describe()
 
 
@@ -87,7 +88,7 @@ _OPENMP_PROBE = textwrap.dedent(
     import json, sys, threading, tempfile
     from pathlib import Path
     import torch
-    from tools import compile_cache
+    from kernel_refinery.tools.steps import compile_cache
 
     source = r"""
     #include <torch/extension.h>
@@ -263,7 +264,7 @@ def test_a_clang_build_gets_the_header_only_with_the_headers_flags(tmp_path: Pat
 
 def test_the_header_is_rebuilt_when_the_compiler_or_its_flags_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each compiler, version, build flag set and header option has a directory of its own: a change
-    finds no header there (ready_header_dir gives None) and `python -m tools.pch` builds one."""
+    finds no header there (ready_header_dir gives None) and `python -m kernel_refinery.tools.steps.pch` builds one."""
     clang = pch.Compiler("clang++", "clang", "19.1.7", "clang version 19.1.7", "clang version 19.1.7\n")
     newer = pch.Compiler("clang++", "clang", "19.1.8", "clang version 19.1.8", "clang version 19.1.8\n")
     gcc = pch.Compiler("c++", "gcc", "12.2.0", "c++ 12.2.0", "c++ 12.2.0\n")

@@ -14,8 +14,8 @@ import pytest
 from cli_runner import run_cli
 from typer.testing import Result
 
-from bench.experiment import TrajectoryRecord, TurnOutcome
-from bench.tasks import SuiteError
+from kernel_refinery.bench.experiment import TrajectoryRecord, TurnOutcome
+from kernel_refinery.bench.tasks import SuiteError
 
 ROOT = Path(__file__).parent.parent
 RELU = ROOT / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
@@ -120,7 +120,7 @@ def test_unreachable_endpoint_names_the_url_and_the_retries(tmp_path: Path) -> N
 
 
 def test_refusing_endpoint_names_the_url_and_status(tmp_path: Path) -> None:
-    from bench.soak.fake_server import FaultPlan, ServerLog, serve
+    from benchmarks.soak.fake_server import FaultPlan, ServerLog, serve
 
     log = ServerLog()
     with serve(["unused"], log, FaultPlan(first=("http_401",))) as url:
@@ -189,12 +189,12 @@ def test_debug_shows_the_traceback(not_a_task: Path) -> None:
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import bench.report
+    import kernel_refinery.bench.report
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug in the report")
 
-    monkeypatch.setattr(bench.report, "report", broken)
+    monkeypatch.setattr(kernel_refinery.bench.report, "report", broken)
     run = tmp_path / "run"
     run.mkdir()
     result = refinery("report", run)
@@ -205,7 +205,7 @@ def test_the_installed_command_prints_one_line_without_traceback(not_a_task: Pat
     """The same through a real process: what a user sees in a terminal or CI log."""
     env = {k: v for k, v in os.environ.items() if k != "REFINERY_DEBUG"}
     done = subprocess.run(
-        [sys.executable, "-c", "from bench.cli import app; app()", "run", "--task", str(not_a_task)],
+        [sys.executable, "-c", "from kernel_refinery.bench.cli import app; app()", "run", "--task", str(not_a_task)],
         capture_output=True,
         text=True,
         env=env,
@@ -218,7 +218,7 @@ def test_the_installed_command_prints_one_line_without_traceback(not_a_task: Pat
         [
             sys.executable,
             "-c",
-            "from bench.cli import app; import bench.report as r; r.report = lambda *a, **k: 1 / 0; app()",
+            "from kernel_refinery.bench.cli import app; import kernel_refinery.bench.report as r; r.report = lambda *a, **k: 1 / 0; app()",
             "report",
             str(V0_RUN),
         ],

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from candidates import candidate
 
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import EvalStatus, Stage
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import Stage
 
 CORRECT = "return ext.relu_fwd(x)"
 

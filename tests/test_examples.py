@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import prompts
-from agent.extract import extract_candidate
-from agent.prompting import model_interface
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import EvalStatus
+from kernel_refinery import prompts
+from kernel_refinery.agent.extract import extract_candidate
+from kernel_refinery.agent.prompting import model_interface
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
 
 BACKENDS = sorted(tomllib.loads((prompts.ROOT / "backends.toml").read_text()))
 EXAMPLES = prompts.ROOT / "examples"

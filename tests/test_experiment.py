@@ -13,12 +13,19 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bench.experiment import RESULTS_SCHEMA_VERSION, ExperimentConfig, TrajectoryRecord, TurnOutcome, read_results, run_experiment
-from bench.report import render_by_turn, score
-from tools.pool import EvaluatorPool
-from traces.errors import RunDirError
-from traces.schema import TrajectoryId
-from traces.verdict import Verdict
+from kernel_refinery.bench.experiment import (
+    RESULTS_SCHEMA_VERSION,
+    ExperimentConfig,
+    TrajectoryRecord,
+    TurnOutcome,
+    read_results,
+    run_experiment,
+)
+from kernel_refinery.bench.report import render_by_turn, score
+from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.tools.processes.pool import EvaluatorPool
+from kernel_refinery.traces.schema import TrajectoryId
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
 TASKS = "1_relu,2_gelu,9_bias_tanh_clamp_chain"
@@ -69,7 +76,7 @@ cache_dir = "{cache_dir}"
 
 
 def refinery(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from bench.cli import app; app()", *args]
+    return [sys.executable, "-c", "from kernel_refinery.bench.cli import app; app()", *args]
 
 
 def table(records: list[TrajectoryRecord]) -> list[tuple]:
@@ -204,7 +211,7 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
 
     # The same experiment, uninterrupted, in this process: the same table.
     config = ExperimentConfig.from_toml(config_path)
-    from agent.scripted import load_script
+    from kernel_refinery.agent.chat.scripted import load_script
 
     model = load_script(tmp_path / "script.json")
     with EvaluatorPool(config.eval_config(), workers=2) as pool:
@@ -252,7 +259,7 @@ V0_CONFIG = {
 
 
 def test_config_json_of_older_runs_still_loads_and_resumes(tmp_path: Path) -> None:
-    from bench.experiment import CONFIG_SCHEMA_VERSION, prepare_run_dir, read_precisions, read_saved_config
+    from kernel_refinery.bench.experiment import CONFIG_SCHEMA_VERSION, prepare_run_dir, read_precisions, read_saved_config
 
     (tmp_path / "config.json").write_text(json.dumps(V0_CONFIG))
     old = read_saved_config(tmp_path / "config.json")
@@ -288,7 +295,7 @@ def test_config_json_of_older_runs_still_loads_and_resumes(tmp_path: Path) -> No
 
 
 def test_toml_flat_or_nested_with_flags_on_top(tmp_path: Path) -> None:
-    from bench.settings import load_settings
+    from kernel_refinery.bench.settings import load_settings
 
     flat = tmp_path / "flat.toml"
     flat.write_text('variants = ["G"]\nturns = 2\ntarget_speedup = 3.0\ndevice = "cpu"\nrun_dir = "runs/x"\n[eval]\ntrials = 7\n')
@@ -314,13 +321,17 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
     """`refinery run --config` and `refinery experiment --config` read one file, flags on top."""
     from typer.testing import CliRunner
 
-    import bench.launch
-    from agent.config import RunConfig
-    from bench.cli import app
+    import kernel_refinery.bench.launch
+    from kernel_refinery.agent.config import RunConfig
+    from kernel_refinery.bench.cli import app
 
     seen: dict[str, object] = {}
-    monkeypatch.setattr(bench.launch, "launch_run", lambda config, task, run_dir, *a, **k: seen.update(run=config, run_dir=run_dir))
-    monkeypatch.setattr(bench.launch, "launch", lambda config, run_dir, *a, **k: seen.update(experiment=config, run_dir=run_dir))
+    monkeypatch.setattr(
+        kernel_refinery.bench.launch, "launch_run", lambda config, task, run_dir, *a, **k: seen.update(run=config, run_dir=run_dir)
+    )
+    monkeypatch.setattr(
+        kernel_refinery.bench.launch, "launch", lambda config, run_dir, *a, **k: seen.update(experiment=config, run_dir=run_dir)
+    )
     script = tmp_path / "script.json"
     script.write_text('["no code"]')
     toml = tmp_path / "settings.toml"
@@ -347,16 +358,16 @@ def test_run_and_experiment_take_the_same_config_file(tmp_path: Path, monkeypatc
 
 
 def test_gpu_experiments_compile_on_every_core_and_cpu_ones_time_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tools.pool
+    import kernel_refinery.tools.processes.pool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(tools.pool, "gpu_count", lambda: 1)
+    monkeypatch.setattr(kernel_refinery.tools.processes.pool, "gpu_count", lambda: 1)
     gpu = ExperimentConfig.model_validate({"eval": {"device": "cuda"}})
     assert gpu.worker_count() == 16, "16 workers compile while the GPU's lock lets one run"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))
     assert gpu.worker_count() == 16, "at most 16 per GPU"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
-    monkeypatch.setattr(tools.pool, "gpu_count", lambda: 8)
+    monkeypatch.setattr(kernel_refinery.tools.processes.pool, "gpu_count", lambda: 8)
     assert gpu.worker_count() == 8, "at least one worker per GPU"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert ExperimentConfig.model_validate({"eval": {"device": "cpu"}}).worker_count() == 16

@@ -1,4 +1,4 @@
-"""tools.forkserver: children forked from a template that has imported torch.
+"""kernel_refinery.tools.processes.forkserver: children forked from a template that has imported torch.
 
 One template with torch serves the module (started once); tests that kill or break a template
 start their own without preloads, which starts in a fraction of a second.
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tools import sandbox
-from tools.forkserver import ForkedChild, ForkServer, ForkServerError
+from kernel_refinery.tools.processes import sandbox
+from kernel_refinery.tools.processes.forkserver import ForkedChild, ForkServer, ForkServerError
 
 PROBE = r"""
 import json, os, random, signal, socket, sys, time
@@ -195,7 +195,7 @@ def test_passed_fds_keep_their_numbers(spawn: Spawner) -> None:
 
 REMAP = """
 import json, os
-from tools.forkserver import _remap_fds
+from kernel_refinery.tools.processes.forkserver import _remap_fds
 pipes = [os.pipe() for _ in range(3)]
 fds = [w for _, w in pipes]                # as the template received them
 targets = [fds[1], fds[2], fds[0]]         # each one's number in the caller: another's number here
@@ -291,7 +291,7 @@ def test_bad_cwd_raises_at_spawn(server: ForkServer, work: Path) -> None:
 
 
 def test_spawn_is_fast(spawn: Spawner) -> None:
-    """spawn and the child's first message; `python -m tools.forkserver` compares with Popen."""
+    """spawn and the child's first message; `python -m kernel_refinery.tools.processes.forkserver` compares with Popen."""
     a, b = socket.socketpair()
     try:
         spawn("send", str(b.fileno()), pass_fds=(b.fileno(),))  # warm
@@ -373,8 +373,8 @@ def test_a_failing_preload_is_reported(work: Path) -> None:
 DRIVER = """
 import sys, time
 from pathlib import Path
-from tools import sandbox
-from tools.forkserver import ForkServer
+from kernel_refinery.tools.processes import sandbox
+from kernel_refinery.tools.processes.forkserver import ForkServer
 work = Path(sys.argv[1])
 env = sandbox.scrubbed_env(PYTHONPATH=sandbox.project_pythonpath(), HOME=str(work))
 fs = ForkServer(env, work, preload=())

@@ -13,11 +13,12 @@ import pytest
 import torch
 from candidates import FIXTURES, cuda_candidate
 
-from bench.tasks import builtin_suite_root, load_suite
-from tools.config import EvalConfig, Guards
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import EvalStatus, Stage
+from kernel_refinery.bench.tasks import builtin_suite_root, load_suite
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig, Guards
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import Stage
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

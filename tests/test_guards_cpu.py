@@ -13,11 +13,12 @@ import pytest
 import torch
 from candidates import candidate, task_source
 
-from tools.config import EvalConfig, Guards
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import EvalStatus, Stage
-from tools.timing_stage import MIX_POOL, mixed_inputs
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig, Guards
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import Stage
+from kernel_refinery.tools.steps.timing_stage import MIX_POOL, mixed_inputs
 
 CORRECT = "return ext.relu_fwd(x)"
 RUNTIME_ONLY = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)

@@ -22,10 +22,11 @@ import pytest
 import torch
 from candidates import candidate, cuda_candidate
 
-from tools.config import EvalConfig, Guards
-from tools.evaluator import Evaluator
-from tools.jobs import EvalJob, TaskProgram
-from tools.results import EvalResult, EvalStatus, Stage, TimingStats
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig, Guards
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import EvalJob, TaskProgram
+from kernel_refinery.tools.results import EvalResult, Stage, TimingStats
 
 RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -162,7 +163,7 @@ def test_the_runners_timer_patched_is_caught_by_the_judges_clock(
         if hasattr(out, "is_cuda") and out.is_cuda:
             _sys.modules["torch"].cuda.synchronize()
         return out, (_t.perf_counter_ns() - start) / 4e6
-    _s.modules["tools.timing"].Timer.time_call.__code__ = _quarter.__code__
+    _s.modules["kernel_refinery.tools.steps.timing"].Timer.time_call.__code__ = _quarter.__code__
     """
     hack = build(f"return ext.relu_slow(x, {2 * reps})", prelude=textwrap.dedent(prelude))
     result = judged(evaluator, relu_task, hack, honest, honest_source)
@@ -196,14 +197,20 @@ def test_the_judges_modules_are_not_in_the_candidates_process(
     """Nothing to hook: the check, the choice of checked calls, the seeds and the statistics live
     in modules the runner never imports (the candidate lists what it can see, then fails on purpose)."""
     spy = build(
-        "raise RuntimeError('harness: ' + ','.join(sorted(m for m in _s.modules if m.startswith('tools.'))))",
+        "raise RuntimeError('harness: ' + ','.join(sorted(m for m in _s.modules if m.startswith('kernel_refinery.tools.'))))",
         prelude="import sys as _s\n",
     )
     result = evaluator.run(relu_task, spy, (Stage.COMPILE, Stage.CORRECTNESS))
     assert result.status is EvalStatus.RUNTIME_ERROR
     seen = result.message.split("harness: ", 1)[1].split()[0].split(",")
-    assert "tools.channel" in seen and "tools.timing" in seen
-    for judge_only in ("tools.judge", "tools.timing_stage", "tools.baseline_cache", "tools.remote", "tools.correctness"):
+    assert "kernel_refinery.tools.processes.channel" in seen and "kernel_refinery.tools.steps.timing" in seen
+    for judge_only in (
+        "kernel_refinery.tools.processes.judge",
+        "kernel_refinery.tools.steps.timing_stage",
+        "kernel_refinery.tools.steps.baseline_cache",
+        "kernel_refinery.tools.processes.remote",
+        "kernel_refinery.tools.steps.correctness",
+    ):
         assert judge_only not in seen, seen
 
 
@@ -215,7 +222,7 @@ def test_a_hook_on_the_check_finds_no_check_and_its_deferred_work_fails(
     in later is read the moment the call ends, and is wrong."""
     hack = build(
         """
-        _stage = _s.modules.get("tools.timing_stage")
+        _stage = _s.modules.get("kernel_refinery.tools.steps.timing_stage")
         if _stage is not None:
             raise RuntimeError("the check object is within reach")
         self.calls += 1
@@ -399,8 +406,9 @@ def test_a_kernel_first_timed_below_the_floor_is_scored_from_its_retiming(
     """The judge in this process (so that its first timing can be made to fall below the floor),
     a real runner: the re-timing, with every output checked, is above the floor, and the
     candidate's figures are the re-timing's, not the first's."""
-    from tools import judge, timing_stage
-    from tools.remote import RunnerLink
+    from kernel_refinery.tools.processes import judge
+    from kernel_refinery.tools.processes.remote import RunnerLink
+    from kernel_refinery.tools.steps import timing_stage
 
     real = timing_stage.time_remote
     runs: list[timing_stage.RemoteTiming] = []

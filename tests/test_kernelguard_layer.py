@@ -6,9 +6,9 @@ import hacks
 import pytest
 from candidates import FIXTURES, candidate, cuda_candidate
 
-from tools import kernelguard_layer
-from tools.config import EvalConfig
-from tools.kernelguard_layer import kernelguard_findings
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.guards import kernelguard_layer
+from kernel_refinery.tools.guards.kernelguard_layer import kernelguard_findings
 
 pytest.importorskip("kernelguard")
 
@@ -52,7 +52,7 @@ def test_none_when_kernelguard_is_missing(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_evaluator_records_kernelguard_findings_when_asked(cpu_config: EvalConfig) -> None:
     """Guards.kernelguard on: the static step runs it, records its findings and rejects by them;
     off (the default): it does not run, and the result says so (None)."""
-    from tools.evaluator import Evaluator
+    from kernel_refinery.tools.evaluator import Evaluator
 
     asked = cpu_config.model_copy(update={"guards": cpu_config.guards.model_copy(update={"kernelguard": True})})
     with Evaluator(asked) as ev:

@@ -21,8 +21,8 @@ import psutil
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from agent import local_model, local_server, local_weights
-from agent.local_model import (
+from kernel_refinery.agent.chat import local_model, local_server, local_weights
+from kernel_refinery.agent.chat.local_model import (
     CACHE_ENV,
     MODELS,
     EmbeddedModel,
@@ -282,7 +282,7 @@ def test_installed_parts_are_found_without_importing_them() -> None:
 
 
 def test_the_entry_point_reexports_what_other_modules_import() -> None:
-    from agent import local_client
+    from kernel_refinery.agent.chat import local_client
 
     assert local_model.serve_local is local_server.serve_local
     assert local_model.LocalServer is local_server.LocalServer
@@ -363,7 +363,7 @@ def test_server_that_dies_reports_its_log(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(LocalServerError, match="exited with code") as raised:
         LocalServer("fake", cache_dir=tmp_path / "cache", startup_timeout_s=60).start()
 
-    assert "Log " in str(raised.value) and "agent.local_server_main" in str(raised.value)
+    assert "Log " in str(raised.value) and "kernel_refinery.agent.chat.local_server_main" in str(raised.value)
 
 
 def test_a_server_that_dies_mid_run_is_reported_with_its_signal(tmp_path: Path) -> None:
@@ -427,14 +427,14 @@ def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> N
     """One real turn of the refinement loop, the embedded model writing the kernel."""
     if reason := _local_extra_missing():
         pytest.skip(reason)
-    from agent.config import LoopSettings, ModelSettings, RunConfig
-    from agent.models import open_chat_model
-    from agent.runner import run_trajectory
-    from agent.state import TaskSpec
-    from bench.tasks import builtin_suite_root, load_suite
-    from tools.evaluator import Evaluator
-    from traces.schema import TrajectoryId
-    from traces.store import read_trace
+    from kernel_refinery.agent.chat.models import open_chat_model
+    from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig
+    from kernel_refinery.agent.runner import run_trajectory
+    from kernel_refinery.agent.state import TaskSpec
+    from kernel_refinery.bench.tasks import builtin_suite_root, load_suite
+    from kernel_refinery.tools.evaluator import Evaluator
+    from kernel_refinery.traces.schema import TrajectoryId
+    from kernel_refinery.traces.store import read_trace
 
     task = next(t for t in load_suite(builtin_suite_root(), levels=[1]) if t.name == "1_relu")
     settings = ModelSettings(model="local", max_tokens=512, temperature=0.0)
@@ -470,7 +470,7 @@ def test_a_server_child_dies_with_the_run_that_started_it(tmp_path: Path) -> Non
     pid_file = tmp_path / "child.pid"
     parent_code = (
         "import subprocess, sys, time\n"
-        "from agent.local_server import die_with_parent\n"
+        "from kernel_refinery.agent.chat.local_server import die_with_parent\n"
         "child = subprocess.Popen([sys.executable, '-c', "
         "'import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         'open(sys.argv[1], "w").write(str(os.getpid())); time.sleep(120)\', '

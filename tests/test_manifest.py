@@ -11,15 +11,15 @@ from typing import Self
 import pytest
 from cli_runner import run_cli
 
-from bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir
-from bench.provenance import collect_manifest, sha256_of
-from tools.config import EvalConfig
-from tools.results import EvalResult, EvalStatus
-from traces.errors import RunDirError
-from traces.manifest import RunManifest, differences, manifest_path, read_manifest, write_manifest
-from traces.schema import TrajectoryId, TurnRecord
-from traces.store import append_turn
-from traces.verdict import Verdict
+from kernel_refinery.bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir
+from kernel_refinery.bench.provenance import collect_manifest, sha256_of
+from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.verdict import EvalStatus, Verdict
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.results import EvalResult
+from kernel_refinery.traces.manifest import RunManifest, differences, manifest_path, read_manifest, write_manifest
+from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
+from kernel_refinery.traces.store import append_turn
 
 ROOT = Path(__file__).parent.parent
 RELU = ROOT / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
@@ -107,9 +107,9 @@ class FixedEvaluator:
 
 
 def test_eval_json_carries_the_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tools.evaluator
+    import kernel_refinery.tools.evaluator
 
-    monkeypatch.setattr(tools.evaluator, "Evaluator", FixedEvaluator)
+    monkeypatch.setattr(kernel_refinery.tools.evaluator, "Evaluator", FixedEvaluator)
     result = refinery("eval", RELU, SOLUTION, "--json", "--precision", "fp16")
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.perf import measure_suite
+from benchmarks import measure_suite
 
 NEEDS_VALUES = """import torch
 import torch.nn as nn

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from tools.config import EvalConfig
-from tools.correctness import compare
-from tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
+from kernel_refinery.tools.steps.correctness import compare
 
 
 def outcomes() -> list[TaskOutcome]:

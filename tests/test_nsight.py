@@ -6,20 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Variant
-from agent.prompting import evaluation_feedback
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.nsight import parse_raw_csv, profile_with_ncu, roofline_verdict
-from tools.results import (
-    EvalResult,
-    EvalStatus,
-    KernelCounters,
-    NsightReport,
-    ProfileReport,
-    TimingReport,
-    TimingStats,
-)
+from kernel_refinery.agent.config import Variant
+from kernel_refinery.agent.prompting import evaluation_feedback
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult, KernelCounters, NsightReport, ProfileReport, TimingReport, TimingStats
+from kernel_refinery.tools.steps.nsight import parse_raw_csv, profile_with_ncu, roofline_verdict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ncu_softmax_h200.csv"
 
@@ -50,7 +43,7 @@ def test_roofline_verdicts() -> None:
 
 def test_falls_back_when_ncu_is_absent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("tools.nsight.Path.glob", lambda self, pattern: iter(()))
+    monkeypatch.setattr("kernel_refinery.tools.steps.nsight.Path.glob", lambda self, pattern: iter(()))
     report = profile_with_ncu(TaskProgram(name="t", source=""), "", EvalConfig(device="cuda", cache_dir=tmp_path))
     assert not report.available and "ncu is not installed" in report.reason
     assert report.block().startswith("(Nsight Compute unavailable")

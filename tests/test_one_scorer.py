@@ -17,21 +17,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from agent.config import ModelSettings, SearchSettings
-from agent.scripted import ScriptedChatModel
-from agent.state import Attempt, best_attempt
-from agent.strategies import BeamNode, select_seeds
-from bench.cli import app
-from bench.compare import compare, resolve_sides
-from bench.experiment import ExperimentConfig, TrajectoryRecord, read_results, run_experiment
-from bench.report import GroupScores, report
-from tools.config import EvalConfig
-from tools.pool import EvaluatorPool
-from tools.results import EvalResult, EvalStatus, TimingReport, TimingStats
-from traces.html import render_report
-from traces.inspect import TraceLookupError, Trajectory, find_trajectories, load_run, summarise
-from traces.schema import TrajectoryId, TurnRecord
-from traces.verdict import Verdict, best
+from kernel_refinery.agent.chat.scripted import ScriptedChatModel
+from kernel_refinery.agent.config import ModelSettings, SearchSettings
+from kernel_refinery.agent.state import Attempt, best_attempt
+from kernel_refinery.agent.strategies import BeamNode, select_seeds
+from kernel_refinery.bench.cli import app
+from kernel_refinery.bench.compare import compare, resolve_sides
+from kernel_refinery.bench.experiment import ExperimentConfig, TrajectoryRecord, read_results, run_experiment
+from kernel_refinery.bench.report import GroupScores, report
+from kernel_refinery.core.verdict import EvalStatus, Verdict, best
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.pool import EvaluatorPool
+from kernel_refinery.tools.results import EvalResult, TimingReport, TimingStats
+from kernel_refinery.traces.html import render_report
+from kernel_refinery.traces.inspect import TraceLookupError, Trajectory, find_trajectories, load_run, summarise
+from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
 NO_CODE = "I would rather not write code."

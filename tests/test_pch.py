@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tools import compile_cache, pch
+from kernel_refinery.tools.steps import compile_cache, pch
 
 
 def test_header_options_are_torchs_without_the_module_name() -> None:
@@ -67,10 +67,11 @@ def test_a_workers_build_takes_the_header_from_the_real_home(tmp_path: Path, mon
     """Workers run with a HOME of their own; the header's place is passed to them, so their builds see it."""
     from candidates import candidate
 
-    from tools.config import EvalConfig
-    from tools.evaluator import Evaluator
-    from tools.jobs import TaskProgram
-    from tools.results import EvalStatus, Stage
+    from kernel_refinery.core.verdict import EvalStatus
+    from kernel_refinery.tools.config import EvalConfig
+    from kernel_refinery.tools.evaluator import Evaluator
+    from kernel_refinery.tools.processes.jobs import TaskProgram
+    from kernel_refinery.tools.results import Stage
 
     root = tmp_path / "pch"
     monkeypatch.setenv("REFINERY_PCH_DIR", str(root))
@@ -92,7 +93,7 @@ def test_a_workers_build_takes_the_header_from_the_real_home(tmp_path: Path, mon
 def test_a_cuda_builds_main_cpp_takes_its_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Built in a private root for a CUDA build's options; then the CUDA example builds through the
     compile cache with it, GCC told to fail on a .gch it finds and cannot use, and its kernel still correct."""
-    from tools import compile_cache as cc
+    from kernel_refinery.tools.steps import compile_cache as cc
 
     directory = pch.build(pch.PCH_FLAGS_CUDA, root=tmp_path / "pch", with_cuda=True)
     assert pch._uses_header(directory, pch.header_cflags(pch.PCH_FLAGS_CUDA, with_cuda=True), pch.identify(cuda=True))

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.pool import EvaluatorPool
-from tools.results import EvalResult, Stage
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.processes.pool import EvaluatorPool
+from kernel_refinery.tools.results import EvalResult, Stage
 
 COMPILE = (Stage.STATIC, Stage.COMPILE)
 DEVICE = (Stage.CORRECTNESS, Stage.TIMING)
@@ -88,7 +88,7 @@ def test_on_cpu_no_compile_runs_while_a_device_stage_does() -> None:
     back while it runs, and goes before compiles that came after it."""
     import threading
 
-    from tools.pool import QuietCpu
+    from kernel_refinery.tools.processes.pool import QuietCpu
 
     quiet = QuietCpu()
     events: list[str] = []

@@ -6,11 +6,12 @@ import pytest
 import torch
 from candidates import candidate
 
-from bench.tasks import builtin_suite_root, load_suite
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import EvalStatus, Stage
+from kernel_refinery.bench.tasks import builtin_suite_root, load_suite
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import Stage
 
 CHECKED = (Stage.STATIC, Stage.COMPILE, Stage.CORRECTNESS)
 

@@ -15,20 +15,29 @@ from cli_runner import run_cli
 from rich.console import Console
 from typer.testing import Result
 
-from agent.config import Variant
-from agent.models import open_chat_model
-from agent.prompting import build_messages, idea_messages
-from agent.state import TaskSpec
-from bench.compare import compare, resolve_sides
-from bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir, read_precisions, read_results, run_experiment
-from bench.render import print_result
-from bench.report import render_table, report, score
-from tools.config import EvalConfig
-from tools.results import EvalResult, EvalStatus
-from traces.errors import RunDirError
-from traces.inspect import TraceLookupError, load_run, one_trajectory
-from traces.schema import TrajectoryId
-from traces.store import trace_path
+from kernel_refinery.agent.chat.models import open_chat_model
+from kernel_refinery.agent.config import Variant
+from kernel_refinery.agent.prompting import build_messages, idea_messages
+from kernel_refinery.agent.state import TaskSpec
+from kernel_refinery.bench.compare import compare, resolve_sides
+from kernel_refinery.bench.experiment import (
+    ExperimentConfig,
+    TrajectoryRecord,
+    TurnOutcome,
+    prepare_run_dir,
+    read_precisions,
+    read_results,
+    run_experiment,
+)
+from kernel_refinery.bench.render import print_result
+from kernel_refinery.bench.report import render_table, report, score
+from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.results import EvalResult
+from kernel_refinery.traces.inspect import TraceLookupError, load_run, one_trajectory
+from kernel_refinery.traces.schema import TrajectoryId
+from kernel_refinery.traces.store import trace_path
 
 ROOT = Path(__file__).parent.parent
 RELU = ROOT / "bench" / "suites" / "builtin" / "level1" / "1_relu.py"
@@ -66,11 +75,11 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
         seen["run_dir"] = run_dir
         raise Captured
 
-    import bench.launch
-    import tools.evaluator
+    import kernel_refinery.bench.launch
+    import kernel_refinery.tools.evaluator
 
-    monkeypatch.setattr(tools.evaluator, "Evaluator", StopAtEvaluator)
-    monkeypatch.setattr(bench.launch, "launch", stop_at_launch)
+    monkeypatch.setattr(kernel_refinery.tools.evaluator, "Evaluator", StopAtEvaluator)
+    monkeypatch.setattr(kernel_refinery.bench.launch, "launch", stop_at_launch)
     return seen
 
 

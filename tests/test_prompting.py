@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from agent.config import Variant
-from agent.prompting import evaluation_feedback
-from tools.results import CompileReport, EvalResult, EvalStatus
+from kernel_refinery.agent.config import Variant
+from kernel_refinery.agent.prompting import evaluation_feedback
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.results import CompileReport, EvalResult
 
 MODULE_CALLED = (
     "correctness: TypeError: 'module' object is not callable\n"
@@ -77,8 +78,8 @@ def test_wrong_arity_forward_gets_its_hint_and_other_errors_none() -> None:
 
 # --- the task Model's interface, rendered into the prompt ---
 
-from agent.prompting import build_messages, model_interface  # noqa: E402
-from agent.state import TaskSpec  # noqa: E402
+from kernel_refinery.agent.prompting import build_messages, model_interface  # noqa: E402
+from kernel_refinery.agent.state import TaskSpec  # noqa: E402
 
 TWO_INPUTS = '''
 import torch
@@ -150,9 +151,9 @@ def test_the_prompt_states_the_task_interface_after_the_instruction() -> None:
 
 # --- code-block extraction ---
 
-from agent.extract import REFERENCE_ECHO, extract_candidate  # noqa: E402
-from agent.prompting import turn_feedback  # noqa: E402
-from agent.state import Attempt  # noqa: E402
+from kernel_refinery.agent.extract import REFERENCE_ECHO, extract_candidate  # noqa: E402
+from kernel_refinery.agent.prompting import turn_feedback  # noqa: E402
+from kernel_refinery.agent.state import Attempt  # noqa: E402
 
 ECHO = """Here is the code:
 ```python
@@ -198,7 +199,7 @@ def test_a_repeated_attempt_without_feedback_is_the_same_prompt_on_every_turn() 
 
 
 def test_the_profile_starts_its_own_line_after_the_speedup() -> None:
-    import prompts
+    from kernel_refinery import prompts
 
     text = prompts.render(
         "feedback/correct.j2",

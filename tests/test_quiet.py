@@ -16,14 +16,15 @@ from langchain_core.messages import AIMessage
 from pydantic import Field
 from structlog.testing import capture_logs
 
-from agent.config import ModelSettings, needs_quiet_host
-from agent.llm import TASK_KEY
-from agent.quiet import QuietHost
-from agent.scripted import ScriptedChatModel
-from bench.experiment import ExperimentConfig, run_experiment
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.results import EvalResult, EvalStatus, Stage
+from kernel_refinery.agent.chat.llm import TASK_KEY
+from kernel_refinery.agent.chat.scripted import ScriptedChatModel
+from kernel_refinery.agent.config import ModelSettings, needs_quiet_host
+from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.bench.experiment import ExperimentConfig, run_experiment
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult, Stage
 
 Interval = tuple[float, float]
 # Different lengths per task, so three trajectories do not fall into step by themselves.

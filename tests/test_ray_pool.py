@@ -15,13 +15,14 @@ import pytest
 from candidates import candidate
 from langchain_core.messages import AIMessage
 
-from agent.config import LoopSettings, ModelSettings
-from agent.scripted import ScriptedChatModel
-from bench.experiment import ExperimentConfig, TrajectoryRecord, run_experiment
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.pool import EvaluatorPool
-from tools.results import EvalStatus, Stage
+from kernel_refinery.agent.chat.scripted import ScriptedChatModel
+from kernel_refinery.agent.config import LoopSettings, ModelSettings
+from kernel_refinery.bench.experiment import ExperimentConfig, TrajectoryRecord, run_experiment
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.processes.pool import EvaluatorPool
+from kernel_refinery.tools.results import Stage
 
 ray = pytest.importorskip("ray", reason="the optional Ray extra is not installed")
 
@@ -46,7 +47,7 @@ def local_ray() -> Iterator[None]:
 
 @pytest.mark.usefixtures("local_ray")
 def test_ray_actors_evaluate_like_local_workers(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
-    from bench.ray_pool import RayEvaluatorPool
+    from kernel_refinery.bench.ray_pool import RayEvaluatorPool
 
     pool = RayEvaluatorPool(cpu_config, workers=WORKERS)
     try:
@@ -63,7 +64,7 @@ def test_ray_actors_evaluate_like_local_workers(cpu_config: EvalConfig, relu_tas
 @pytest.mark.usefixtures("local_ray")
 def test_actors_ray_cannot_place_are_dropped_not_waited_on(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
     """One actor more than the cluster has CPUs: a call handed to it would wait forever."""
-    from bench.ray_pool import RayEvaluatorPool
+    from kernel_refinery.bench.ray_pool import RayEvaluatorPool
 
     cpus = int(ray.cluster_resources()["CPU"])
     pool = RayEvaluatorPool(cpu_config, workers=cpus + 1, placement_timeout_s=30)
@@ -133,7 +134,7 @@ def differences(local: dict[str, list[str]], remote: dict[str, list[str]]) -> li
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.timeout(1500, method="thread")
 def test_scripted_experiment_gets_the_same_verdicts_through_ray(tmp_path: Path, cache_dir: Path) -> None:
-    from bench.ray_pool import RayEvaluatorPool
+    from kernel_refinery.bench.ray_pool import RayEvaluatorPool
 
     config = scripted_experiment(cache_dir)
     model = ScriptedChatModel(responses=[AIMessage(content="(no reply)")], by_task=script())

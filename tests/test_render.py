@@ -13,15 +13,15 @@ from rich.console import Console
 from rich.table import Table
 from typer.testing import CliRunner
 
-from agent.state import Attempt
-from bench.cli import app
-from bench.compare import Side, compare, render
-from bench.experiment import TrajectoryRecord, TurnOutcome
-from bench.render import turn_line
-from bench.report import render_at_k, render_by_evals, render_strategies, render_table, score, score_strategies
-from traces.inspect import load_run, summarise, summary_table
-from traces.schema import TokenUsage
-from traces.terminal import print_table
+from kernel_refinery.agent.state import Attempt
+from kernel_refinery.bench.cli import app
+from kernel_refinery.bench.compare import Side, compare, render
+from kernel_refinery.bench.experiment import TrajectoryRecord, TurnOutcome
+from kernel_refinery.bench.render import turn_line
+from kernel_refinery.bench.report import render_at_k, render_by_evals, render_strategies, render_table, score, score_strategies
+from kernel_refinery.traces.inspect import load_run, summarise, summary_table
+from kernel_refinery.traces.schema import TokenUsage
+from kernel_refinery.traces.terminal import print_table
 
 V0_RUN = Path(__file__).parent / "fixtures" / "traces_v0"
 LONG_TASK = "level2/99_Conv3d_GroupNorm_Mean_Softmax_Dropout_Tanh_Sum_with_a_long_name"
@@ -220,7 +220,7 @@ def test_commands_print_whole_tables_to_a_pipe_at_80_columns(args: list[str], tm
 
 
 def test_a_turn_speedup_interval_shows_where_the_evaluator_gave_one() -> None:
-    from traces.inspect import Trajectory, verdict_of
+    from kernel_refinery.traces.inspect import Trajectory, verdict_of
 
     trajectory = load_run(V0_RUN)[0]
     best = trajectory.records[-1]

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
-from agent.scripted import load_script
-from bench.experiment import ExperimentConfig, prepare_run_dir, run_experiment
-from bench.reverify import Measured, Recheck, read_reverify, record_id
-from tools.pool import EvaluatorPool
-from traces.inspect import load_run, summarise
-from traces.manifest import read_manifest, write_manifest
-from traces.schema import TrajectoryId
-from traces.verdict import Verdict
+from kernel_refinery.agent.chat.scripted import load_script
+from kernel_refinery.bench.experiment import ExperimentConfig, prepare_run_dir, run_experiment
+from kernel_refinery.bench.reverify import Measured, Recheck, read_reverify, record_id
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.tools.processes.pool import EvaluatorPool
+from kernel_refinery.traces.inspect import load_run, summarise
+from kernel_refinery.traces.manifest import read_manifest, write_manifest
+from kernel_refinery.traces.schema import TrajectoryId
 
 SOLUTIONS = Path(__file__).parent / "fixtures" / "cpu_solutions"
 RIGHT = "b[i] = a[i] > 0.f ? a[i] : 0.f;"
@@ -155,10 +155,10 @@ def test_what_a_recheck_flags() -> None:
 
 
 def test_the_settings_a_recheck_runs_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.config import RunConfig
-    from bench.experiment import Numerics
-    from bench.reverify import eval_config_for, run_eval_config
-    from traces.errors import RunDirError
+    from kernel_refinery.agent.config import RunConfig
+    from kernel_refinery.bench.experiment import Numerics
+    from kernel_refinery.bench.reverify import eval_config_for, run_eval_config
+    from kernel_refinery.core.errors import RunDirError
 
     with pytest.raises(RunDirError, match=r"config\.json is missing"):
         run_eval_config(tmp_path)

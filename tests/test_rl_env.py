@@ -1,4 +1,4 @@
-"""The evaluator as an RL environment (bench/rl_env.py, and its OpenEnv binding bench/rl_openenv.py):
+"""The evaluator as an RL environment (bench/rl/env.py, and its OpenEnv binding bench/rl/openenv.py):
 scripted episodes on the built-in CPU task level1/1_relu with real C++ candidates that share one build
 (tests/candidates.py), so the whole module compiles at most once."""
 
@@ -13,13 +13,22 @@ import hacks
 import pytest
 from candidates import candidate
 
-from agent.config import RunConfig
-from agent.prompting import PromptFrame
-from bench import load_task
-from bench.rl_env import EpisodeError, Message, RefineEpisode, RewardChannels, RewardWeights, read_jsonl, run_episode, write_jsonl
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from traces.verdict import Verdict
+from kernel_refinery import load_task
+from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.prompting import PromptFrame
+from kernel_refinery.bench.rl.env import (
+    EpisodeError,
+    Message,
+    RefineEpisode,
+    RewardChannels,
+    RewardWeights,
+    read_jsonl,
+    run_episode,
+    write_jsonl,
+)
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
 
 RELU = load_task("level1/1_relu")
 HACK = f"Deferred work:\n```python\n{hacks.lazy(candidate)}```"  # a tensor subclass: the static check rejects it
@@ -103,7 +112,7 @@ def test_openenv_server_runs_an_episode_over_its_websocket(settings: EvalConfig,
     pytest.importorskip("openenv", reason="the rl extra: pip install 'kernel-refinery[rl]'")
     from fastapi.testclient import TestClient
 
-    from bench.rl_openenv import make_app
+    from kernel_refinery.bench.rl.openenv import make_app
 
     app = make_app(run_config(settings, "G+E", turns=2), evaluator, [load_task("level1/2_gelu"), RELU])
     with TestClient(app) as client, client.websocket_connect("/ws") as ws:

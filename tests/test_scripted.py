@@ -2,7 +2,7 @@ from pathlib import Path
 
 from langchain_core.messages import HumanMessage
 
-from agent.scripted import TASK_KEY, TURN_KEY, load_script
+from kernel_refinery.agent.chat.scripted import TASK_KEY, TURN_KEY, load_script
 
 
 def ask(model, task: str, turn: int) -> str:

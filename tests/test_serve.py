@@ -26,15 +26,16 @@ from result_compare import comparable
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-from bench.api import evaluate
-from bench.cli import app
-from bench.serve import ServeOptions, create_app
-from bench.serve_client import Client, ServiceError
-from bench.serve_protocol import SERVER_FIELDS, RequestSettings
-from bench.serve_queue import EvaluationJob, EvaluationQueue, QueueFull
-from tools.config import EvalConfig
-from tools.jobs import TaskProgram
-from tools.results import EvalResult, EvalStatus
+from kernel_refinery.bench.api import evaluate
+from kernel_refinery.bench.cli import app
+from kernel_refinery.bench.serve.bounded_queue import EvaluationJob, EvaluationQueue, QueueFull
+from kernel_refinery.bench.serve.client import Client, ServiceError
+from kernel_refinery.bench.serve.protocol import SERVER_FIELDS, RequestSettings
+from kernel_refinery.bench.serve.server import ServeOptions, create_app
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult
 
 TOKEN = "test-token-7f3a"
 SMALL_RELU = FIXTURES / "small_relu_task.py"
@@ -60,7 +61,7 @@ def running_server(cache_dir: Path, *flags: str) -> Iterator[str]:
     SIGTERM at the end it must shut down (closing its pool) and leave none of its worker and judge processes."""
     port = free_port()
     env = {**os.environ, "REFINERY_SERVE_TOKEN": TOKEN, "REFINERY_CACHE_DIR": str(cache_dir)}
-    command = [sys.executable, "-c", "from bench.cli import app; app()", "serve", "--port", str(port), *flags]
+    command = [sys.executable, "-c", "from kernel_refinery.bench.cli import app; app()", "serve", "--port", str(port), *flags]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: nobody reads the log while the server runs
         server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -231,7 +232,7 @@ def test_a_request_past_the_time_limit_answers_504(cache_dir: Path) -> None:
 
 
 def test_every_evaluator_setting_is_a_requests_or_the_servers() -> None:
-    """A new EvalConfig field fails here until it is put on one side (bench/serve_protocol.py)."""
+    """A new EvalConfig field fails here until it is put on one side (bench/serve/protocol.py)."""
     assert set(RequestSettings.model_fields) | SERVER_FIELDS == set(EvalConfig.model_fields)
     assert not set(RequestSettings.model_fields) & SERVER_FIELDS
 

@@ -6,8 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from bench.soak.fake_server import FAULTS
-from bench.soak.run import main
+from benchmarks.soak.fake_server import FAULTS
+from benchmarks.soak.run import main
 
 
 def test_short_soak_survives_every_fault(tmp_path: Path, cache_dir: Path) -> None:
@@ -34,7 +34,7 @@ def test_short_soak_survives_every_fault(tmp_path: Path, cache_dir: Path) -> Non
 
 def test_a_stale_torch_build_lock_does_not_block_the_next_build(tmp_path: Path) -> None:
     """A worker SIGKILLed mid-compile leaves torch's `lock` file; the next builder removes it."""
-    from tools.compile_cache import _build_lock
+    from kernel_refinery.tools.steps.compile_cache import _build_lock
 
     (tmp_path / "lock").touch()
     with _build_lock(tmp_path):
@@ -56,7 +56,7 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
             "-c",
             (
                 "import sys, time\n"
-                "from tools.worker import Worker\n"
+                "from kernel_refinery.tools.processes.worker import Worker\n"
                 f"w = Worker(cache_dir={str(tmp_path)!r}, memory_limit_gb=2)\n"
                 "w.start()\n"
                 "print('WORKER', w.pid, flush=True)\n"
@@ -93,8 +93,8 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
 def test_a_reply_with_unicode_line_separators_keeps_its_trace_line(tmp_path: Path) -> None:
     """The soak's garbage replies hold U+0085 and U+2028, which JSON leaves unescaped; the trace
     reader split lines on them and the trajectory died at its next turn."""
-    from traces.schema import TrajectoryId, TurnRecord
-    from traces.store import append_turn, read_trace, trace_path
+    from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
+    from kernel_refinery.traces.store import append_turn, read_trace, trace_path
 
     trajectory = TrajectoryId(task="level1/1_relu", variant="G")
     for turn in (1, 2, 3):
@@ -113,7 +113,7 @@ def test_a_reply_with_unicode_line_separators_keeps_its_trace_line(tmp_path: Pat
 
 
 def test_a_failed_round_is_charged_to_the_error_its_log_ends_with(tmp_path: Path) -> None:
-    from bench.soak.run import Totals, _cause
+    from benchmarks.soak.run import Totals, _cause
 
     log = tmp_path / "faulty.log"
     log.write_text(

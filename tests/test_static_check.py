@@ -7,7 +7,7 @@ from textwrap import dedent
 
 import pytest
 
-from tools.static_check import check_candidate, kernel_bindings
+from kernel_refinery.tools.guards.static_check import check_candidate, kernel_bindings
 
 CPP_HEADER = dedent(
     '''
@@ -639,9 +639,9 @@ def test_the_honest_fixture_solutions_are_accepted(folder: str, backend: str) ->
     ("code", "verb"),
     [
         ("import sys\nFAST = sys.modules['torch'].relu", "reads"),
-        ("import sys\nTIMER = sys.modules.get('tools.timing')", "reads"),
-        ("import sys as s\nTIMER = s.modules['tools.timing']", "reads"),
-        ("from sys import modules\nTIMER = modules['tools.timing']", "reads"),
+        ("import sys\nTIMER = sys.modules.get('kernel_refinery.tools.steps.timing')", "reads"),
+        ("import sys as s\nTIMER = s.modules['kernel_refinery.tools.steps.timing']", "reads"),
+        ("from sys import modules\nTIMER = modules['kernel_refinery.tools.steps.timing']", "reads"),
         ("import sys\ntable = sys.modules\ntable['time'] = None", "patches"),
         ("import sys\ndel sys.modules['time']", "patches"),
         ("import sys\nsys.modules.setdefault('time', None)", "patches"),

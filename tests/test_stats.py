@@ -1,4 +1,4 @@
-"""The 95% intervals of the report (traces/stats.py) against cases whose answer is known."""
+"""The 95% intervals of the report (kernel_refinery/core/stats.py) against cases whose answer is known."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from bench.compare import Side, compare
-from bench.experiment import TrajectoryRecord, TurnOutcome
-from bench.report import score
-from traces.stats import Estimate, geomean_estimate, mean_interval, paired_difference, paired_ratio, rate_estimate
+from kernel_refinery.bench.compare import Side, compare
+from kernel_refinery.bench.experiment import TrajectoryRecord, TurnOutcome
+from kernel_refinery.bench.report import score
+from kernel_refinery.core.stats import Estimate, geomean_estimate, mean_interval, paired_difference, paired_ratio, rate_estimate
 
 
 def test_mean_of_a_normal_sample_matches_the_t_interval() -> None:

@@ -12,21 +12,22 @@ from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field
 
-from agent.budget import Budget
-from agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
-from agent.scripted import ScriptedChatModel
-from agent.state import Attempt, TaskSpec
-from agent.strategies import BeamNode, StrategyRun, parse_ideas, run_strategy, select_seeds
-from bench.experiment import TrajectoryRecord, TurnOutcome, read_result
-from bench.report import best_by_evals, score, score_strategies
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from tools.results import EvalResult, EvalStatus, Stage
-from traces.html import render_report
-from traces.inspect import load_run
-from traces.schema import TrajectoryId
-from traces.store import read_trace
+from kernel_refinery.agent.budget import Budget
+from kernel_refinery.agent.chat.scripted import ScriptedChatModel
+from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
+from kernel_refinery.agent.state import Attempt, TaskSpec
+from kernel_refinery.agent.strategies import BeamNode, StrategyRun, parse_ideas, run_strategy, select_seeds
+from kernel_refinery.bench.experiment import TrajectoryRecord, TurnOutcome, read_result
+from kernel_refinery.bench.report import best_by_evals, score, score_strategies
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult, Stage
+from kernel_refinery.traces.html import render_report
+from kernel_refinery.traces.inspect import load_run
+from kernel_refinery.traces.schema import TrajectoryId
+from kernel_refinery.traces.store import read_trace
 
 RIGHT = candidate("return ext.relu_fwd(x)")
 TWICE = candidate("return ext.relu_fwd(ext.relu_fwd(x))")  # correct, and slower
@@ -124,7 +125,7 @@ def test_parse_ideas() -> None:
 
 
 def _node(node_id: str, status: EvalStatus | None, speedup: float | None = None, code: str | None = "x") -> BeamNode:
-    from tools.results import TimingReport, TimingStats
+    from kernel_refinery.tools.results import TimingReport, TimingStats
 
     result = None
     if status is not None:
@@ -283,10 +284,10 @@ def test_results_before_strategies_still_read() -> None:
 
 
 def test_experiment_compares_strategies_at_equal_cost(tmp_path: Path, cache_dir: Path) -> None:
-    from agent.scripted import ScriptedChatModel
-    from bench.experiment import ExperimentConfig, read_results, run_experiment
-    from bench.report import report
-    from tools.pool import EvaluatorPool
+    from kernel_refinery.agent.chat.scripted import ScriptedChatModel
+    from kernel_refinery.bench.experiment import ExperimentConfig, read_results, run_experiment
+    from kernel_refinery.bench.report import report
+    from kernel_refinery.tools.processes.pool import EvaluatorPool
 
     solution = (Path(__file__).parent / "fixtures" / "cpu_solutions" / "1_relu_slow.py").read_text()
     model = ScriptedChatModel(responses=[AIMessage(content=f"1. use OpenMP\n2. unroll\n```python\n{solution}```\n")])

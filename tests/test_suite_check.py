@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
-from bench.suite_check import describe_exit
-from bench.suite_check_types import Stage, Status
+from kernel_refinery.bench.suite_check.run import describe_exit
+from kernel_refinery.bench.suite_check.types import Stage, Status
 
 TASK = """import torch
 import torch.nn as nn

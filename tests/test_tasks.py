@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from bench.tasks import (
+from kernel_refinery.bench.tasks import (
     SIZES_NAME,
     SuiteError,
     Task,

@@ -1,4 +1,4 @@
-"""The throughput benchmark (bench/perf/throughput) on a CPU: its --check, its tables and JSON
+"""The throughput benchmark (benchmarks/throughput) on a CPU: its --check, its tables and JSON
 on made-up numbers, the verdict mappings, and the KernelBench driver's bookkeeping with the
 vendored batch functions faked (the real run needs a GPU)."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bench.perf.throughput import cli, kernelbench_driver, manifest, ours, report
-from tools.results import EvalStatus
+from benchmarks.throughput import cli, kernelbench_driver, manifest, ours, report
+from kernel_refinery.core.verdict import EvalStatus
 
 
 def test_check_passes_on_the_shipped_manifest(capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,8 +187,8 @@ def test_kernelbench_driver_lays_out_the_run_and_goes_on_after_a_raise(tmp_path:
     """The driver's bookkeeping around the vendored calls, which are faked here (they need a GPU)."""
     import torch
 
-    from bench.perf.kernelbench_vendor import compile as kb_compile
-    from bench.perf.kernelbench_vendor import eval_from_generations as efg
+    from benchmarks.kernelbench_vendor import compile as kb_compile
+    from benchmarks.kernelbench_vendor import eval_from_generations as efg
 
     _, candidates = manifest.load()
     chosen = candidates[:3] + [c for c in candidates if c.task.key.startswith("level2/")][:2]

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from tools.config import EvalConfig
-from tools.programs import Program
-from tools.timing import Timer, stats
-from tools.timing_stage import args_for_calls, measure_baseline
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.programs import Program
+from kernel_refinery.tools.steps.timing import Timer, stats
+from kernel_refinery.tools.steps.timing_stage import args_for_calls, measure_baseline
 
 TASK = """
 import torch
@@ -75,8 +75,8 @@ def test_a_clock_check_failed_under_a_burst_of_load_is_timed_again(bursts: int, 
     """One timing of a fast kernel spans milliseconds: a burst of other work can stretch all of its
     round trips. The candidate is timed again (up to CLOCK_ATTEMPTS timings); one that misreports on
     every timing is rejected."""
-    from tools.jobs import Rejected
-    from tools.timing_stage import CLOCK_ATTEMPTS, Calibration, ClockedTiming
+    from kernel_refinery.tools.processes.jobs import Rejected
+    from kernel_refinery.tools.steps.timing_stage import CLOCK_ATTEMPTS, Calibration, ClockedTiming
 
     task = types.ModuleType("task")
     exec(TASK, task.__dict__)  # noqa: S102 - the test's own task program
@@ -148,7 +148,7 @@ def _relu_program() -> Program:
 
 def test_the_reference_against_itself_is_no_difference() -> None:
     """The A/A run: the reference timed twice gives the band; a candidate that is the reference lies inside it."""
-    from tools.timing_stage import calibrate, time_candidate
+    from kernel_refinery.tools.steps.timing_stage import calibrate, time_candidate
 
     program = _relu_program()
     cfg = EvalConfig(trials=30, warmup=2, time_compiled_reference=False, cpu_threads=1)
@@ -171,8 +171,8 @@ def test_the_reference_against_itself_is_no_difference() -> None:
 def test_the_speedup_is_against_the_chosen_baseline() -> None:
     """baseline "compile": against torch.compile's time; "best": the faster of the two; compile
     missing: against eager, saying why."""
-    from tools.timing import Timed
-    from tools.timing_stage import Baseline, chosen_baseline
+    from kernel_refinery.tools.steps.timing import Timed
+    from kernel_refinery.tools.steps.timing_stage import Baseline, chosen_baseline
 
     def timed(ms: float) -> Timed:
         samples = [ms * (1 + 0.01 * (i % 3)) for i in range(10)]

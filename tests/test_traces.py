@@ -20,16 +20,16 @@ import pytest
 from candidates import FIXTURES, candidate
 from typer.testing import CliRunner, Result
 
-from agent.config import LoopSettings, ModelSettings, RunConfig
-from agent.runner import run_trajectory
-from agent.scripted import scripted_model
-from agent.state import TaskSpec
-from bench.cli import app
-from tools.config import EvalConfig
-from tools.evaluator import Evaluator
-from tools.jobs import TaskProgram
-from traces.html import highlight_code, render_report
-from traces.inspect import (
+from kernel_refinery.agent.chat.scripted import scripted_model
+from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig
+from kernel_refinery.agent.runner import run_trajectory
+from kernel_refinery.agent.state import TaskSpec
+from kernel_refinery.bench.cli import app
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.traces.html import highlight_code, render_report
+from kernel_refinery.traces.inspect import (
     SortKey,
     TraceLookupError,
     Trajectory,
@@ -40,8 +40,8 @@ from traces.inspect import (
     sort_summaries,
     summarise,
 )
-from traces.schema import SCHEMA_VERSION, TrajectoryId, TurnRecord, UnknownSchemaVersion, read_record
-from traces.store import append_turn, read_trace, trace_path
+from kernel_refinery.traces.schema import SCHEMA_VERSION, TrajectoryId, TurnRecord, UnknownSchemaVersion, read_record
+from kernel_refinery.traces.store import append_turn, read_trace, trace_path
 
 BROKEN = candidate("return ext.relu_fwd(x)").replace(
     'cpp_source = r"""', 'cpp_source = r"""\nint broken_helper() { return undeclared_identifier; }', 1

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agent.state import Attempt
-from agent.strategies import BeamNode, StrategyResult
-from bench.experiment import record_of
-from bench.render import print_result, turn_line
-from bench.tasks import Task
-from tools.results import EvalResult, EvalStatus, TimingReport, TimingStats
-from traces.inspect import Trajectory, summarise
-from traces.schema import TokenUsage, TrajectoryId, TurnRecord
-from traces.verdict import Verdict, best_verdict, merit
+from kernel_refinery.agent.state import Attempt
+from kernel_refinery.agent.strategies import BeamNode, StrategyResult
+from kernel_refinery.bench.experiment import record_of
+from kernel_refinery.bench.render import print_result, turn_line
+from kernel_refinery.bench.tasks import Task
+from kernel_refinery.core.verdict import EvalStatus, Verdict, best_verdict, merit
+from kernel_refinery.tools.results import EvalResult, TimingReport, TimingStats
+from kernel_refinery.traces.inspect import Trajectory, summarise
+from kernel_refinery.traces.schema import TokenUsage, TrajectoryId, TurnRecord
 
 STATS = TimingStats(median=1.0, mean=1.0, std=0.0, min=1.0, max=1.0, trials=3, clock="monotonic")
 TIMED = TimingReport(candidate=STATS, reference=STATS, speedup=1.0)

@@ -41,7 +41,7 @@ def default_cache_dir() -> Path:
 
 
 def default_pch_dir() -> Path:
-    """The precompiled headers of this machine (tools/pch.py); REFINERY_PCH_DIR moves it. Workers get
+    """The precompiled headers of this machine (tools/steps/pch.py); REFINERY_PCH_DIR moves it. Workers get
     it passed explicitly, since they run with a HOME of their own."""
     override = os.environ.get("REFINERY_PCH_DIR")
     return Path(override) if override else Path.home() / ".cache" / "kernel-refinery" / "pch"
@@ -76,9 +76,9 @@ class Guards(BaseModel):
     min_kernel_share: float = Field(0.10, ge=0.0, le=1.0)
     """Least fraction of the forward's compute time spent in the candidate's own kernels."""
     kernelguard: bool = False
-    """Also run kernelguard's rules (the `kernelguard` extra, tools/kernelguard_layer.py) in the static
+    """Also run kernelguard's rules (the `kernelguard` extra, tools/guards/kernelguard_layer.py) in the static
     step; its findings are recorded in the result and reject the candidate. Off by default: it adds
-    two catches on the tests' hacks (bench/results/kernelguard_eval.json) but goes by names."""
+    two catches on the tests' hacks (results/kernelguard_eval.json) but goes by names."""
 
 
 CLOCKS: dict[str, str] = {"events": "cuda-events", "host": "host-wall", "graph": "cuda-graph"}
@@ -107,7 +107,7 @@ class EvalConfig(BaseModel):
     time_compiled_reference: bool = True
     """Also time torch.compile of the reference (costs a compile per task; cached per run)."""
     timing: Literal["events", "host", "graph"] = "events"
-    """How each call is timed on CUDA, the reference's and the candidate's alike (tools/timing.py):
+    """How each call is timed on CUDA, the reference's and the candidate's alike (tools/steps/timing.py):
     CUDA events (default), the host's clock around the synchronized call, or CUDA-graph replay for
     microsecond kernels. On CPU every method is the monotonic clock. Every result records which."""
     baseline: Literal["eager", "compile", "best"] = "eager"

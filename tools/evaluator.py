@@ -17,11 +17,12 @@ from typing import Self
 
 import structlog
 
-from tools.config import EvalConfig
-from tools.jobs import EvalJob, JobReply, TaskProgram, source_hash
-from tools.results import EvalResult, EvalStatus, Stage, StaticReport
-from tools.static_check import check_candidate
-from tools.worker import Judge, Worker
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.guards.static_check import check_candidate
+from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, TaskProgram, source_hash
+from kernel_refinery.tools.processes.worker import Judge, Worker
+from kernel_refinery.tools.results import EvalResult, Stage, StaticReport
 
 log = structlog.get_logger()
 
@@ -108,7 +109,7 @@ class Evaluator:
         report = check_candidate(candidate, backend=self.config.kernel_backend)
         if not self.config.guards.kernelguard:
             return report
-        from tools.kernelguard_layer import kernelguard_findings
+        from kernel_refinery.tools.guards.kernelguard_layer import kernelguard_findings
 
         findings = kernelguard_findings(candidate)
         if findings is None:
@@ -117,7 +118,7 @@ class Evaluator:
 
     def nsight(self, task: TaskProgram, candidate: str) -> EvalResult:
         """Hardware counters of the candidate's kernels under Nsight Compute (variant N)."""
-        from tools.nsight import profile_with_ncu
+        from kernel_refinery.tools.steps.nsight import profile_with_ncu
 
         started = time.perf_counter()
         report = profile_with_ncu(task, candidate, self.config)

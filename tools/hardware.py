@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from tools.results import Frozen
+from kernel_refinery.tools.results import Frozen
 
 
 class HardwareInfo(Frozen):

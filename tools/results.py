@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel_refinery.core.verdict import EvalStatus
+
 # NaN and inf as the strings "NaN" and "Infinity" in JSON: pydantic's default writes null, which
 # a float field then refuses to read back (a candidate's NaN output once stopped a whole run).
 NONFINITE_AS_STRINGS = ConfigDict(ser_json_inf_nan="strings")
@@ -18,21 +20,6 @@ NONFINITE_AS_STRINGS = ConfigDict(ser_json_inf_nan="strings")
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", **NONFINITE_AS_STRINGS)
-
-
-class EvalStatus(str, Enum):
-    COMPILE_ERROR = "compile_error"
-    RUNTIME_ERROR = "runtime_error"
-    CUDA_FAULT = "cuda_fault"
-    TIMEOUT = "timeout"
-    OOM = "oom"
-    INCORRECT = "incorrect"
-    REJECTED = "rejected"
-    CORRECT = "correct"
-
-    @property
-    def compiled(self) -> bool:
-        return self not in (EvalStatus.COMPILE_ERROR, EvalStatus.REJECTED)
 
 
 class Stage(str, Enum):
@@ -66,7 +53,7 @@ class CompileReport(Frozen):
     log: str = ""
     """The compiler output, trimmed to the first errors with their lines."""
     compiler: str | None = None
-    """The run's C++ compiler and its version (tools/pch.py), e.g. "clang++-19 19.1.7 (clang)"."""
+    """The run's C++ compiler and its version (tools/steps/pch.py), e.g. "clang++-19 19.1.7 (clang)"."""
 
 
 class Mismatch(Frozen):
@@ -186,7 +173,7 @@ class TimingReport(Frozen):
     again after the harness's overhead is measured anew; the figures are the passing timing's."""
     reference_source: Literal["measured", "cached"] = "measured"
     """Where the reference's timings came from: timed in full by this worker, or read from the
-    baseline cache after a spot check in this worker agreed with them (see tools/baseline_cache.py)."""
+    baseline cache after a spot check in this worker agreed with them (see tools/steps/baseline_cache.py)."""
     reference_spot_ms: float | None = None
     """The median of the spot check, whenever one ran: with "cached", the check that let the stored
     baseline be used; with "measured", the one that rejected it."""

@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.rule import Rule
 
-from traces.errors import ConfigError, RunDirError, UserError
-from traces.inspect import (
+from kernel_refinery.core.errors import ConfigError, RunDirError, UserError
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.traces.inspect import (
     SortKey,
     Trajectory,
     diff_records,
@@ -26,8 +27,7 @@ from traces.inspect import (
     summary_table,
     turn_view,
 )
-from traces.terminal import print_table
-from traces.verdict import Verdict
+from kernel_refinery.traces.terminal import print_table
 
 STATUSES = ", ".join(Verdict)
 
@@ -141,8 +141,8 @@ def html_command(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="the HTML file; default RUN_DIR/report.html")] = None,
 ) -> None:
     """One self-contained HTML report: the run overview and every trajectory's turns."""
-    from traces.html import render_report
-    from traces.manifest import read_manifest
+    from kernel_refinery.traces.html import render_report
+    from kernel_refinery.traces.manifest import read_manifest
 
     trajectories = _load(run_dir)
     target = output or Path(run_dir) / "report.html"

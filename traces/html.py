@@ -23,7 +23,9 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import CppLexer, CudaLexer, DiffLexer, PythonLexer
 from pygments.token import String
 
-from traces.inspect import (
+from kernel_refinery.core.stats import METHOD, Estimate
+from kernel_refinery.core.verdict import Verdict, best
+from kernel_refinery.traces.inspect import (
     Trajectory,
     TrajectorySummary,
     TurnVerdict,
@@ -39,11 +41,9 @@ from traces.inspect import (
     variants_of,
     verdict_of,
 )
-from traces.manifest import RunManifest
-from traces.schema import TrajectoryId, TurnRecord
-from traces.scoring import P_VALUES, GroupScores, score
-from traces.stats import METHOD, Estimate
-from traces.verdict import Verdict, best
+from kernel_refinery.traces.manifest import RunManifest
+from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
+from kernel_refinery.traces.scoring import P_VALUES, GroupScores, score
 
 ASSETS = Path(__file__).parent / "assets"
 _FORMATTER = HtmlFormatter(cssclass="hl", linenos="inline", style="default")
@@ -347,7 +347,7 @@ def grid_columns(ids: Sequence[TrajectoryId]) -> tuple[GridColumn, ...]:
 
 
 def overview_grid(summaries: Sequence[TrajectorySummary], columns: Sequence[GridColumn]) -> tuple[GridRow, ...]:
-    """Tasks × columns; a cell holds the best of that task's samples in the column (traces.verdict.best)."""
+    """Tasks × columns; a cell holds the best of that task's samples in the column (kernel_refinery.core.verdict.best)."""
     rows = []
     for task in tasks_of(s.trajectory for s in summaries):
         cells: list[GridCell | None] = []

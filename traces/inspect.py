@@ -20,13 +20,12 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from tools.results import EvalStatus
-from traces.errors import UserError
-from traces.outcome import TrajectoryRecord, trajectory_record
-from traces.schema import TokenUsage, TrajectoryId, TurnRecord
-from traces.store import iter_trajectories, traces_dir
-from traces.terminal import add_name_column, add_number_column, badge_text, compact_table
-from traces.verdict import Verdict, best
+from kernel_refinery.core.errors import UserError
+from kernel_refinery.core.verdict import EvalStatus, Verdict, best
+from kernel_refinery.traces.outcome import TrajectoryRecord, trajectory_record
+from kernel_refinery.traces.schema import TokenUsage, TrajectoryId, TurnRecord
+from kernel_refinery.traces.store import iter_trajectories, traces_dir
+from kernel_refinery.traces.terminal import add_name_column, add_number_column, badge_text, compact_table
 
 
 class TraceLookupError(UserError, LookupError):
@@ -53,7 +52,7 @@ class Trajectory:
 class TrajectorySummary:
     trajectory: Trajectory
     best: TurnRecord | None
-    """The best turn (traces.verdict.best): the fastest correct one; without one, the one that got furthest."""
+    """The best turn (kernel_refinery.core.verdict.best): the fastest correct one; without one, the one that got furthest."""
     tokens: TokenUsage
     seconds: float
 
@@ -71,7 +70,7 @@ class TrajectorySummary:
 
     @property
     def status(self) -> Verdict:
-        """The best turn's verdict, under the name traces.verdict.best reads (the best of several samples)."""
+        """The best turn's verdict, under the name kernel_refinery.core.verdict.best reads (the best of several samples)."""
         return self.best_status
 
     @property

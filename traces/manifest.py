@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from traces.errors import RunDirError
+from kernel_refinery.core.errors import RunDirError
 
 MANIFEST_SCHEMA_VERSION = 1
 

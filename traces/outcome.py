@@ -2,7 +2,7 @@
 
 An experiment writes a `TrajectoryRecord` per finished trajectory (bench/experiment.py); the HTML
 report builds the same record from a trajectory's trace (traces/inspect.py). Both go through
-`trajectory_record`, so a trajectory's best attempt is decided once (traces.verdict.best), and
+`trajectory_record`, so a trajectory's best attempt is decided once (kernel_refinery.core.verdict.best), and
 `refinery report`, `report --compare` and `refinery traces html` score the same records
 (traces/scoring.py).
 """
@@ -14,9 +14,9 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from tools.results import NONFINITE_AS_STRINGS, EvalResult
-from traces.schema import TrajectoryId
-from traces.verdict import Judged, Verdict, best
+from kernel_refinery.core.verdict import Judged, Verdict, best
+from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
+from kernel_refinery.traces.schema import TrajectoryId
 
 RESULTS_SCHEMA_VERSION = 1
 """Version history of results.jsonl records (bench/experiment.read_result migrates older ones):

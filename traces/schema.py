@@ -14,8 +14,8 @@ from typing import Any
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
-from tools.results import NONFINITE_AS_STRINGS, EvalResult
-from traces.verdict import Verdict
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
 
 SCHEMA_VERSION = 1
 

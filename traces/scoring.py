@@ -7,7 +7,7 @@ numbers in each. It lives in traces/ so the HTML report can use it without impor
 
 Conventions: fast_p counts a trajectory that is correct with a speedup above p; a group's
 fast_p is over its sample-0 trajectories, and its intervals resample its tasks over all samples
-(traces/stats.py); the geometric mean is over correct trajectories only.
+(kernel_refinery/core/stats.py); the geometric mean is over correct trajectories only.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
-from traces.outcome import TrajectoryRecord, TurnOutcome
-from traces.stats import Estimate, geomean_estimate, rate_estimate
-from traces.verdict import Verdict
+from kernel_refinery.core.stats import Estimate, geomean_estimate, rate_estimate
+from kernel_refinery.core.verdict import Verdict
+from kernel_refinery.tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
+from kernel_refinery.traces.outcome import TrajectoryRecord, TurnOutcome
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 PRECISIONS = ("fp32", "fp16", "bf16")

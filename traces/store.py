@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from traces.schema import TrajectoryId, TurnRecord, read_record
+from kernel_refinery.traces.schema import TrajectoryId, TurnRecord, read_record
 
 
 def traces_dir(run_dir: Path) -> Path:

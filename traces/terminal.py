@@ -13,7 +13,7 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from traces.verdict import Verdict
+from kernel_refinery.core.verdict import Verdict
 
 
 def badge(verdict: Verdict) -> str:

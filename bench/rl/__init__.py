@@ -1,0 +1,1 @@
+"""The refinement loop as an RL environment, and its OpenEnv server."""

@@ -1,0 +1,4 @@
+"""The shared vocabulary every room uses: errors, verdicts, trajectory ids, numerics and statistics.
+
+It imports nothing else of kernel_refinery, so any package may import it.
+"""

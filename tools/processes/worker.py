@@ -1,0 +1,493 @@
+"""The parent's handles on the two processes of an evaluation: the runner (the candidate's
+process, one per candidate) and the judge (trusted, one per device, long-lived).
+
+A segfault, a hang, a CUDA fault or a blown memory limit ends the runner, never the caller nor
+the judge: the job gets that status, and the next candidate gets a fresh runner. A runner is
+never reused for another candidate, so nothing one candidate changed in its process reaches the
+next; the judge never loads candidate code, so it is reused, and its CUDA context stays warm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+from pathlib import Path
+
+import structlog
+
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import default_pch_dir
+from kernel_refinery.tools.faults import cuda_fault_in
+from kernel_refinery.tools.processes import sandbox
+from kernel_refinery.tools.processes.forkserver import ForkedChild, ForkServer, ForkServerError
+from kernel_refinery.tools.processes.jobs import EvalJob, JobReply
+from kernel_refinery.tools.processes.startup import started_at
+
+log = structlog.get_logger()
+
+_STARTUP_TIMEOUT_S = 300.0
+"""Importing torch took over 2 minutes on a 2-core machine running two llama.cpp servers and a compile."""
+_KILLED = "the worker was killed (SIGKILL)"
+_WATCH_INTERVAL_S = 0.25
+
+
+_STARTER: ThreadPoolExecutor | None = None
+_STARTER_LOCK = threading.Lock()
+
+
+def _starter() -> ThreadPoolExecutor:
+    """Threads that wait for judges to start (the process itself comes from the spawner thread)."""
+    global _STARTER
+    if _STARTER is None:
+        _STARTER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="judge-starter")
+    return _STARTER
+
+
+class WorkerStartError(RuntimeError):
+    """The worker process could not start; this is a broken installation, not a bad kernel."""
+
+
+class Worker:
+    """One evaluation process, pinned to one device."""
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        cache_dir: Path | None = None,
+        memory_limit_gb: float = 12.0,
+        threads: int | None = None,
+        gpu_index: int | None = None,
+        env: dict[str, str] | None = None,
+        cores: list[int] | None = None,
+    ):
+        from kernel_refinery.tools.config import default_cache_dir
+
+        self.device = device
+        self.cache_dir = Path(cache_dir or default_cache_dir())
+        self.memory_limit_bytes = int(memory_limit_gb * (1 << 30))
+        self.threads = threads or max(1, len(os.sched_getaffinity(0)))
+        self.gpu_index = gpu_index
+        self.extra_env = env or {}
+        self.cores = cores
+        self.proc: subprocess.Popen[bytes] | ForkedChild | None = None
+        self.conn: Connection | None = None
+        self.judge_end: socket.socket | None = None
+        """The parent's end of the runner's socket to the judge, handed to the judge for each device job."""
+        self.candidate_key = ""
+        """The candidate this runner was started for ("" before its first job)."""
+        self.workdir: Path | None = None
+        self.log_path: Path | None = None
+        self.starts = 0
+        self.retries = 0
+        self.last_start_s = 0.0
+        self.pid: int | None = None
+        self.use_template = os.environ.get("REFINERY_FORK_TEMPLATE", "1") != "0"
+        """Fork runners from a warm template (tools/processes/forkserver.py); REFINERY_FORK_TEMPLATE=0 starts each one plainly."""
+        self._forkserver: ForkServer | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _env(self) -> dict[str, str]:
+        extra = {
+            "PYTHONPATH": sandbox.project_pythonpath(),
+            "HOME": str(self.workdir),
+            # Compilers' temporary files: the runner may write only under its own folder and the caches.
+            "TMPDIR": str(self.workdir),
+            # Found under the real HOME, which the worker does not see: without it no build takes the header.
+            "REFINERY_PCH_DIR": str(default_pch_dir()),
+            "OMP_NUM_THREADS": str(self.threads),
+            # Spinning OpenMP threads of torch's runtime and a candidate's own libgomp starve each
+            # other on a small machine; sleeping waits keep both timings honest.
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+            "MAX_JOBS": str(len(self.cores) if self.cores else max(1, len(os.sched_getaffinity(0)))),
+            "TORCH_EXTENSIONS_DIR": str(self.cache_dir / "extensions"),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
+            "TRITON_CACHE_DIR": str(self.cache_dir / "triton"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **self.extra_env,
+        }
+        if self.gpu_index is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        return sandbox.scrubbed_env(**extra)
+
+    def start(self, _retry: bool = False) -> None:
+        self.close()
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(tempfile.mkdtemp(prefix="refinery-worker-"))
+        self.log_path = self.workdir / "worker.log"
+        parent_sock, child_sock = socket.socketpair()
+        self.judge_end, judge_sock = socket.socketpair()
+        # The command line as flag and value pairs, one a line.
+        # fmt: off
+        cmd = [
+            sys.executable, "-m", "kernel_refinery.tools.processes.worker_main",
+            "--fd", str(child_sock.fileno()),
+            "--judge-fd", str(judge_sock.fileno()),
+            "--device", "cuda:0" if self.device == "cuda" else "cpu",
+            "--cache-dir", str(self.cache_dir),
+            "--threads", str(self.threads),
+            "--cores", ",".join(map(str, self.cores or [])),
+            # The address-space limit only suits CPU workers (see sandbox.apply_limits).
+            "--memory-bytes", str(self.memory_limit_bytes + (4 << 30) if self.device == "cpu" else 0),
+            "--parent-pid", str(os.getpid()),
+        ]
+        # fmt: on
+        fds = (child_sock.fileno(), judge_sock.fileno())
+        env = {**self._env(), **started_at()}
+        template = self._template()
+        if template is not None:
+            # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
+            cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
+            self.proc = template.spawn(
+                "kernel_refinery.tools.processes.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=env, pass_fds=fds
+            )
+        else:
+            self.proc = sandbox.popen_logged(cmd, self.workdir, env, self.log_path, fds)
+        child_sock.close()
+        judge_sock.close()
+        self.conn = Connection(os.dup(parent_sock.fileno()))
+        parent_sock.close()
+        self.pid = self.proc.pid
+        self.starts += 1
+        started = time.monotonic()
+        steps = _ready_steps(self.conn)
+        if steps is None:
+            detail = sandbox.tail(self.log_path)
+            killed = self.proc.poll() == -signal.SIGKILL
+            self.close()
+            if killed and not _retry:
+                # Killed from outside while starting (the OOM killer, an operator, the soak): not a
+                # broken installation, so one more start before saying so.
+                log.warning("worker_killed_while_starting", pid=self.pid)
+                return self.start(_retry=True)
+            raise WorkerStartError(f"the evaluation worker did not start; its output:\n{detail}")
+        self.last_start_s = time.monotonic() - started
+        # `steps`: the runner's own account of its start (its word only: for the log, never for a verdict).
+        seconds = round(self.last_start_s, 2)
+        log.info("worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=seconds, runner_steps=steps)
+
+    def _template(self) -> ForkServer | None:
+        """The warm template this worker forks its runners from; None (plain processes) where it cannot start."""
+        if self.use_template and (self._forkserver is None or not self._forkserver.alive):
+            home = Path(tempfile.mkdtemp(prefix="refinery-template-"))
+            env = {**self._env(), "HOME": str(home), "TMPDIR": str(home)}
+            # torch._dynamo: the first TorchDispatchMode (the op recorder of the first correctness
+            # call) imports it, most of a second; imported here, every runner has it already.
+            preload = ("torch", "torch._dynamo", "kernel_refinery.tools.processes.worker_main")
+            self._forkserver = ForkServer(env=env, cwd=home, preload=preload, log_path=home / "template.log")
+            try:
+                self._forkserver.start()
+                server = self._forkserver
+                log.info("template_started", seconds=server.start_seconds, preload_seconds=server.preload_seconds)
+            except ForkServerError as exc:
+                log.warning("template_failed_plain_processes_instead", error=str(exc)[-500:])
+                self._forkserver = None
+                self.use_template = False
+        return self._forkserver
+
+    def run(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
+        """Run a job; returns the reply and the tail of what the candidate printed.
+
+        A worker killed by a SIGKILL nobody here sent (the OOM killer, or an operator) gets one
+        more try in a fresh worker: a candidate that really exhausts memory dies again and is
+        reported as OOM, while an outside kill does not change the candidate's verdict.
+        """
+        reply, printed = self._run_once(job, timeout_s)
+        if self.killed_from_outside(reply):
+            log.warning("worker_killed_retrying", pid=self.pid)
+            self.retries += 1
+            reply, printed = self._run_once(job, timeout_s)
+        return reply, printed
+
+    def run_judged_with_retry(
+        self, judge: Judge, load: EvalJob, judged: EvalJob, timeout_s: float, load_timeout_s: float
+    ) -> tuple[JobReply, str]:
+        """The device stages; a runner killed from outside during them (not by its candidate) gets
+        a fresh runner, which loads the candidate again, up to twice: a candidate that really
+        exhausts memory dies each time and is reported as OOM."""
+        reply, printed = self.run_judged(judge, judged, timeout_s)
+        for _ in range(2):
+            if not self.killed_from_outside(reply):
+                break
+            log.warning("worker_killed_retrying", pid=self.pid)
+            self.retries += 1
+            reply, printed = self.run(load, load_timeout_s)
+            if reply.failure is None:
+                reply, printed = self.run_judged(judge, judged, timeout_s)
+        return reply, printed
+
+    @staticmethod
+    def killed_from_outside(reply: JobReply) -> bool:
+        """Ended by a SIGKILL nobody here sent (the OOM killer, an operator): worth one more try."""
+        return reply.failure is EvalStatus.OOM and reply.message.startswith(_KILLED)
+
+    def for_candidate(self, key: str) -> None:
+        """A fresh runner when this one was started for another candidate (or has died)."""
+        if self.candidate_key != key:
+            self.close()
+            self.candidate_key = key
+
+    def _run_once(self, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
+        if not self.alive:
+            self.start()
+        assert self.conn is not None and self.proc is not None and self.log_path is not None
+        try:
+            self.conn.send(job)
+        except (BrokenPipeError, OSError):
+            self.start()
+            self.conn.send(job)
+        return self._watch(self.conn, time.monotonic() + timeout_s, timeout_s)
+
+    def run_judged(self, judge: Judge, job: EvalJob, timeout_s: float) -> tuple[JobReply, str]:
+        """The device stages: the judge drives this runner; this process watches the runner's
+        time, memory and life, and the judge's life."""
+        if not self.alive or self.judge_end is None:
+            return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate is not loaded: run its compile stage first"), ""
+        conn = judge.submit(job, self.judge_end)
+        return self._watch(conn, time.monotonic() + timeout_s, timeout_s, judge=judge)
+
+    def _watch(self, conn: Connection, deadline: float, timeout_s: float, judge: Judge | None = None) -> tuple[JobReply, str]:
+        assert self.proc is not None and self.log_path is not None
+        while True:
+            if conn.poll(_WATCH_INTERVAL_S):
+                reply = _recv_or_none(conn)
+                if judge is not None and not isinstance(reply, JobReply):
+                    judge.kill(reason="died")
+                    return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the judge process died: {judge.log_tail()}"), ""
+                if isinstance(reply, JobReply) and not reply.runner_gone:
+                    printed = sandbox.tail(self.log_path) if reply.failure else ""
+                    if reply.fatal:
+                        self.kill(reason="fatal")
+                    return reply, printed
+                printed = sandbox.tail(self.log_path)
+                return self._died(printed), printed
+            if not self.alive:
+                printed = sandbox.tail(self.log_path)
+                if judge is not None:
+                    judge.drain(conn)
+                return self._died(printed), printed
+            if sandbox.tree_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
+                printed = sandbox.tail(self.log_path)
+                self.kill(reason="memory")
+                if judge is not None:
+                    judge.drain(conn)
+                gb = self.memory_limit_bytes / (1 << 30)
+                return JobReply(failure=EvalStatus.OOM, message=f"the candidate used more than {gb:.1f} GB of host memory"), printed
+            if time.monotonic() > deadline:
+                printed = sandbox.tail(self.log_path)
+                self.kill(reason="timeout")
+                if judge is not None:
+                    judge.drain(conn)
+                return JobReply(failure=EvalStatus.TIMEOUT, message=f"no result within {timeout_s:.0f} s; the worker was killed"), printed
+
+    def _died(self, printed: str = "") -> JobReply:
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.kill(reason="died")
+        if code is not None and code < 0:
+            sig = signal.Signals(-code)
+            if sig is signal.SIGXCPU:
+                return JobReply(failure=EvalStatus.TIMEOUT, message="the candidate exceeded its CPU-time limit")
+            if sig is signal.SIGKILL:
+                # Nobody here sent it: the kernel's OOM killer is the usual sender.
+                return JobReply(failure=EvalStatus.OOM, message=f"{_KILLED}, most likely out of memory")
+            if sig is signal.SIGXFSZ:
+                return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate wrote more output than allowed")
+            return JobReply(
+                failure=EvalStatus.RUNTIME_ERROR, message=f"the worker crashed with {sig.name} (e.g. a segmentation fault in the kernel)"
+            )
+        fault = cuda_fault_in(printed)
+        if fault:
+            # The CUDA runtime can end the process itself after a fault (exit code 1, no exception
+            # reaching the worker's handler); its last words name the fault.
+            return JobReply(failure=EvalStatus.CUDA_FAULT, message=f"the worker died after a CUDA fault (exit code {code}): {fault}")
+        return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the worker exited unexpectedly with code {code}")
+
+    def kill(self, reason: str) -> None:
+        if self.proc is not None:
+            sandbox.kill_tree(self.proc.pid)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("worker_unreaped", pid=self.proc.pid)
+            log.info("worker_replaced", pid=self.proc.pid, reason=reason)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        if self.judge_end is not None:
+            self.judge_end.close()
+        self.judge_end = None
+        self.proc = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir = None
+
+    def close(self) -> None:
+        """End the runner (the template stays, for the next candidate's)."""
+        # A worker holds nothing worth a graceful exit, and tearing down a CUDA context that
+        # cached many GB takes seconds: end it at once.
+        if self.proc is not None:
+            sandbox.kill_tree(self.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        self._cleanup()
+
+    def shutdown(self) -> None:
+        """End the runner and the template."""
+        self.close()
+        if self._forkserver is not None:
+            self._forkserver.close()
+            self._forkserver = None
+
+
+def _ready_steps(conn: Connection) -> dict[str, float] | None:
+    """The start-up steps a child's `("ready", steps)` message reports, or None when none came in time."""
+    ready = _recv_or_none(conn) if conn.poll(_STARTUP_TIMEOUT_S) else None
+    if not (isinstance(ready, tuple) and len(ready) == 2 and ready[0] == "ready"):
+        return None
+    return ready[1] if isinstance(ready[1], dict) else {}
+
+
+def _recv_or_none(conn: Connection) -> object:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+class Judge:
+    """The trusted process of one device (tools/processes/judge.py): started once, reused for every candidate."""
+
+    def __init__(self, device: str = "cpu", threads: int | None = None, gpu_index: int | None = None, cores: list[int] | None = None):
+        self.device = device
+        self.threads = threads or max(1, len(os.sched_getaffinity(0)))
+        self.gpu_index = gpu_index
+        self.cores = cores
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conn: Connection | None = None
+        self.workdir: Path | None = None
+        self.log_path: Path | None = None
+        self.starts = 0
+        self.lock = threading.Lock()
+        self._starting: Future[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def warm(self) -> None:
+        """Start the process in the background (importing torch takes seconds), so that it is
+        ready when the candidate's runner has loaded and compiled the candidate."""
+        with _STARTER_LOCK:
+            if self._starting is None and not self.alive:
+                self._starting = _starter().submit(self.start)
+
+    def _ready(self) -> None:
+        with _STARTER_LOCK:
+            starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.result()
+
+    def start(self) -> None:
+        self._stop()
+        self.workdir = Path(tempfile.mkdtemp(prefix="refinery-judge-"))
+        self.log_path = self.workdir / "judge.log"
+        parent_sock, child_sock = socket.socketpair()
+        cmd = [
+            sys.executable,
+            "-m",
+            "kernel_refinery.tools.processes.judge",
+            "--fd",
+            str(child_sock.fileno()),
+            "--device",
+            "cuda:0" if self.device == "cuda" else "cpu",
+            "--threads",
+            str(self.threads),
+            "--cores",
+            ",".join(map(str, self.cores or [])),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        env = {
+            "PYTHONPATH": sandbox.project_pythonpath(),
+            "HOME": str(self.workdir),
+            "OMP_NUM_THREADS": str(self.threads),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if self.gpu_index is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        env.update(started_at())
+        self.proc = sandbox.popen_logged(cmd, self.workdir, sandbox.scrubbed_env(**env), self.log_path, (child_sock.fileno(),))
+        child_sock.close()
+        self.conn = Connection(os.dup(parent_sock.fileno()))
+        parent_sock.close()
+        self.starts += 1
+        steps = _ready_steps(self.conn)
+        if steps is None:
+            detail = self.log_tail()
+            self._stop()
+            raise WorkerStartError(f"the judge process did not start; its output:\n{detail}")
+        log.info("judge_started", pid=self.proc.pid, device=self.device, seconds=steps)
+
+    def submit(self, job: EvalJob, runner_end: socket.socket) -> Connection:
+        """Send a job and the runner's socket; the reply comes on the returned connection."""
+        self._ready()
+        if not self.alive:
+            self.start()
+        assert self.conn is not None and self.proc is not None
+        self.conn.send(job)
+        send_handle(self.conn, runner_end.fileno(), self.proc.pid)
+        return self.conn
+
+    def drain(self, conn: Connection, timeout_s: float = 30.0) -> None:
+        """After the runner was killed: the judge notices and replies; read that reply away (or restart it)."""
+        if conn.poll(timeout_s) and isinstance(_recv_or_none(conn), JobReply):
+            return
+        self.kill(reason="no reply after the runner ended")
+
+    def log_tail(self) -> str:
+        return sandbox.tail(self.log_path) if self.log_path is not None else ""
+
+    def kill(self, reason: str) -> None:
+        log.warning("judge_replaced", reason=reason, pid=self.proc.pid if self.proc else None)
+        self._stop()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ready()
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            sandbox.kill_tree(self.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = None
+        self.conn = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir = None

@@ -1,0 +1,384 @@
+"""Correctness, in the judge: fresh inputs and weights per trial, the reference run here, the
+candidate in its own process (tools/processes/remote.py), the outputs compared here.
+
+The input seeds are salted by the OS in the judge and never sent to the candidate's process, and
+the reference never runs there, so its outputs cannot linger in memory the candidate could read.
+Guards, each with a test:
+- inputs are compared before and after the candidate's call, so mutating them fails;
+- every trial has fresh inputs, so an output cached across calls fails;
+- a relative L2 error against the reference's norm, so an all-zero or constant output fails
+  even where the absolute tolerance alone would let it pass;
+- the aten compute ops each side ran are recorded; a candidate that runs every compute op of
+  the reference is only wrapping PyTorch, and is rejected;
+- each output must be a plain tensor over memory of its own: a tensor subclass (a deferred or
+  lazy output) or an output sharing storage with an input is rejected;
+- after the task's own inputs, inputs of the same structure with floating-point values redrawn
+  from other distributions (a signed standard normal, and the same times 4): an identity "ReLU"
+  passes on `torch.rand` inputs, never on signed ones;
+- the share of the forward's compute time spent in the candidate's own kernels: a decoy kernel
+  beside PyTorch operators that do the work is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import structlog
+import torch
+
+from kernel_refinery.tools.config import REDUCED_PRECISION_TOLERANCE, EvalConfig
+from kernel_refinery.tools.processes.channel import Spec
+from kernel_refinery.tools.processes.jobs import Rejected
+from kernel_refinery.tools.processes.programs import Program, clone_args, tensors_of
+from kernel_refinery.tools.processes.remote import RemoteModel
+from kernel_refinery.tools.results import (
+    CorrectnessReport,
+    DistributionOutcome,
+    KernelShare,
+    Mismatch,
+    TrialOutcome,
+)
+from kernel_refinery.tools.steps.aten_ops import NON_COMPUTE, OpRecorder, synchronize
+
+log = structlog.get_logger()
+
+DISTRIBUTION_NAMES = {"normal": "a signed standard normal", "normal_x4": "a signed standard normal times 4"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    passed: bool
+    reason: str
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    mismatches: tuple[Mismatch, ...]
+
+
+def _mismatches(expected: torch.Tensor, actual: torch.Tensor, bad: torch.Tensor, limit: int = 5) -> tuple[Mismatch, ...]:
+    diff = (actual.double() - expected.double()).abs().nan_to_num(nan=math.inf, posinf=math.inf)
+    diff = torch.where(bad, diff, torch.zeros_like(diff)).flatten()
+    k = min(limit, int(bad.sum().item()))
+    if k == 0:
+        return ()
+    _, flat_idx = torch.topk(diff, k)
+    found = []
+    for flat in flat_idx.tolist():
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
+        found.append(Mismatch(index=index, expected=float(expected[index]), actual=float(actual[index])))
+    return tuple(found)
+
+
+def _within_everywhere(exp: torch.Tensor, act: torch.Tensor, diff: torch.Tensor, atol: float, rtol: float) -> Comparison | None:
+    """The passing verdict with its statistics in a few reads, when every value is finite and within
+    tolerance, the relative L2 error too, and the output is not a constant; None otherwise."""
+    if not bool((diff <= exp.abs().mul_(rtol).add_(atol)).all()):  # NaN compares false: not here
+        return None
+    ref_norm = float(torch.linalg.vector_norm(exp))
+    err_norm = float(torch.linalg.vector_norm(diff))
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if rel_l2 > rtol:
+        return None
+    if exp.numel() > 1:
+        low, high = torch.aminmax(exp)
+        if bool(high > low):
+            act_low, act_high = torch.aminmax(act)
+            if bool(act_low == act_high):
+                return None
+    return Comparison(True, "", float(diff.max()), float(diff.mean()), rel_l2, ())
+
+
+def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "output", atol_by_rms: bool = False) -> Comparison:
+    """allclose with the run's tolerance, plus relative L2 and a constant-output check.
+
+    `atol_by_rms` (for redrawn signed inputs) raises atol to rtol times the reference output's RMS:
+    signed values cancel toward zero, where any honest reordering or reduced-precision arithmetic
+    misses a fixed atol, while a wrong operator still misses by the output's own size."""
+    if not isinstance(actual, torch.Tensor):
+        return Comparison(False, f"{which} is a {type(actual).__name__}, expected a tensor", 0, 0, 0, ())
+    if actual.shape != expected.shape:
+        return Comparison(False, f"{which} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}", 0, 0, 0, ())
+    if actual.dtype != expected.dtype:
+        return Comparison(False, f"{which} has dtype {actual.dtype}, expected {expected.dtype}", 0, 0, 0, ())
+    if actual.device != expected.device:
+        actual = actual.to(expected.device)
+    if not expected.is_floating_point():
+        equal = bool(torch.equal(actual, expected))
+        bad = actual != expected
+        return Comparison(equal, "" if equal else f"{which} differs", 0, 0, 0, () if equal else _mismatches(expected, actual, bad))
+    tol = cfg.tolerance_for(str(expected.dtype)) or cfg.precision_tolerance
+    exp = expected.float()
+    act = actual.float()
+    # Fast paths first: the full diagnosis below reads a large output some 60 times over.
+    if bool(torch.equal(act, exp)):
+        return Comparison(True, "", 0.0, 0.0, 0.0, ())  # bit for bit (NaN never equals itself)
+    finite_ref = torch.isfinite(exp)
+    rms = float(torch.where(finite_ref, exp, 0.0).square().mean().sqrt()) if atol_by_rms and exp.numel() else 0.0
+    if atol_by_rms:
+        tol = tol.model_copy(update={"atol": max(tol.atol, tol.rtol * rms)})
+    diff = (act - exp).abs_()
+    passed = _within_everywhere(exp, act, diff, tol.atol, tol.rtol)
+    if passed is not None:
+        return passed
+    # A NaN or inf where the reference is finite is wrong whatever the tolerance says.
+    bad = ~(diff <= tol.atol + tol.rtol * exp.abs()) & finite_ref
+    bad |= ~finite_ref & ~((act == exp) | (act.isnan() & exp.isnan()))
+    # Masks through torch.where, never boolean indexing: that would materialise an index tensor
+    # several times the size of a multi-GB output.
+    both = finite_ref & torch.isfinite(act)
+    counted = int(both.sum())
+    max_abs = float(diff.nan_to_num(nan=math.inf).max()) if diff.numel() else 0.0
+    mean_abs = float(torch.where(both, diff, 0.0).sum()) / counted if counted else 0.0
+    ref_norm = float(torch.linalg.vector_norm(torch.where(finite_ref, exp, 0.0)))
+    err_norm = float(torch.linalg.vector_norm(torch.where(finite_ref, act - exp, 0.0)))
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if math.isnan(rel_l2):
+        rel_l2 = math.inf
+    n_bad = int(bad.sum())
+    reason = ""
+    if n_bad:
+        reason = f"{which}: {n_bad} of {exp.numel()} values outside atol={tol.atol:g}, rtol={tol.rtol:g}"
+    elif rel_l2 > tol.rtol:
+        reason = (
+            f"{which}: relative L2 error {rel_l2:.3g} exceeds {tol.rtol:g} although each value is within "
+            f"atol; the output is too far from the reference as a whole"
+        )
+    if reason and expected.dtype == torch.float32 and tol.rtol < REDUCED_PRECISION_TOLERANCE:
+        loose = REDUCED_PRECISION_TOLERANCE
+        # Judged against the output's scale: reduced-precision error grows with it, on any inputs.
+        scale = rms or float(torch.where(finite_ref, exp, 0.0).square().mean().sqrt())
+        loose_atol = max(loose, loose * scale)
+        within_loose = bool(torch.where(finite_ref, diff <= loose_atol + loose * exp.abs(), True).all()) and rel_l2 <= loose
+        if within_loose:
+            reason += (
+                f"; every value is within {loose:g}: the error is at reduced-precision level (what TF32, bf16 or fp16 "
+                "arithmetic gives), so compute in full fp32 (or evaluate with --set eval.tolerance=1e-2 to accept it)"
+            )
+    if exp.numel() > 1:
+        low = float(torch.where(finite_ref, exp, math.inf).min())
+        high = float(torch.where(finite_ref, exp, -math.inf).max())
+        first_value = act.flatten()[0]
+        if high > low and bool((act == first_value).all()):
+            value = float(first_value)
+            reason = (
+                f"{which} is all zeros; the reference is not" if value == 0 else f"{which} is constant ({value:.6g}); the reference is not"
+            )
+    mism = _mismatches(exp, act, bad) if n_bad else ()
+    return Comparison(not reason, reason, max_abs, mean_abs, rel_l2, mism)
+
+
+def _fail(trial: int, seed: int, reason: str, cmp: Comparison | None = None) -> TrialOutcome:
+    if cmp is None:
+        return TrialOutcome(trial=trial, seed=seed, passed=False, reason=reason)
+    return TrialOutcome(
+        trial=trial,
+        seed=seed,
+        passed=False,
+        reason=reason,
+        max_abs_diff=cmp.max_abs,
+        mean_abs_diff=cmp.mean_abs,
+        rel_l2=cmp.rel_l2,
+        mismatches=cmp.mismatches,
+    )
+
+
+def _judge_call(
+    program: Program,
+    ref_model: Any,
+    new_model: RemoteModel,
+    inputs: list[Any],
+    cfg: EvalConfig,
+    record_ops: bool,
+    atol_by_rms: bool = False,
+) -> tuple[Comparison, set[str], set[str]]:
+    """One reference call here and one candidate call in its own process, on the same inputs;
+    the runner's outputs are compared here, and every guard applied (see tools/processes/remote.py)."""
+    with torch.no_grad():
+        with OpRecorder() if record_ops else _Null() as rec:
+            ref_out = ref_model(*clone_args(inputs))
+        ref_ops = set(rec.ops) if record_ops else set()
+        synchronize(program.device)
+    expected = [t.detach() for t in tensors_of(ref_out)]
+    call, actual = new_model.call(inputs, tuple(Spec.of(t) for t in expected), record_ops=record_ops)
+    new_ops = set(call.reply.ops)
+    if call.mismatch:
+        return Comparison(False, call.mismatch, 0, 0, 0, ()), ref_ops, new_ops
+    worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
+    for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
+        cmp = compare(exp, act, cfg, which="output" if len(expected) == 1 else f"output {i}", atol_by_rms=atol_by_rms)
+        if not cmp.passed:
+            return cmp, ref_ops, new_ops
+        if cmp.max_abs >= worst.max_abs:
+            worst = cmp
+    return worst, ref_ops, new_ops
+
+
+class _Null:
+    ops: ClassVar[set[str]] = set()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, record_ops: bool) -> tuple[TrialOutcome, set[str], set[str]]:
+    """Fresh weights from the trial's seed, then two calls of the same instance on two fresh
+    input sets: an output cached inside the instance fails the second call."""
+    ref_model = program.reference(seed)
+    new_model = program.new_model(seed, reference=ref_model)
+    ref_ops: set[str] = set()
+    new_ops: set[str] = set()
+    worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
+    for call, input_seed in enumerate((seed + 1_000_003, seed + 2_000_003)):
+        inputs = program.inputs(input_seed)
+        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, record_ops and call == 0)
+        ref_ops |= r_ops
+        new_ops |= n_ops
+        if not cmp.passed:
+            reason = cmp.reason if call == 0 else f"{cmp.reason} (on the second call of the same model: is an output cached?)"
+            return _fail(trial, seed, reason, cmp), ref_ops, new_ops
+        if cmp.max_abs >= worst.max_abs:
+            worst = cmp
+    outcome = TrialOutcome(
+        trial=trial, seed=seed, passed=True, max_abs_diff=worst.max_abs, mean_abs_diff=worst.mean_abs, rel_l2=worst.rel_l2
+    )
+    return outcome, ref_ops, new_ops
+
+
+def verify_after_timing(program: Program, cfg: EvalConfig, ref_model: Any, new_model: RemoteModel, seed: int) -> Comparison:
+    """The timed instance, called once more on inputs it has never seen."""
+    cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed), cfg, record_ops=False)
+    return cmp
+
+
+def _all_finite(value: Any) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors_of(value) if t.is_floating_point() or t.is_complex())
+
+
+def _distribution_skip(program: Program, ref_model: Any, seed: int, distribution: str) -> str:
+    """Why the reference itself is no judge on this distribution, or "" when it is."""
+    with torch.no_grad():
+        try:
+            redrawn = ref_model(*program.inputs(seed, distribution))
+        except Exception as exc:  # noqa: BLE001 - the reference may refuse values its task never feeds it
+            return f"the reference raised {type(exc).__name__} on it"
+        if _all_finite(redrawn):
+            return ""
+        if _all_finite(ref_model(*program.inputs(seed))):
+            return "the reference gives non-finite values on it"
+    return ""
+
+
+def check_distributions(program: Program, cfg: EvalConfig, first_seed: int) -> tuple[tuple[DistributionOutcome, ...], TrialOutcome | None]:
+    """One call per extra distribution, each with fresh weights; the first failure ends it."""
+    outcomes: list[DistributionOutcome] = []
+    for k, name in enumerate(cfg.guards.input_distributions):
+        seed = first_seed + 7_000_003 * (k + 1)
+        ref_model = program.reference(seed)
+        new_model = program.new_model(seed, reference=ref_model)
+        skipped = _distribution_skip(program, ref_model, seed, name)
+        if skipped:
+            outcomes.append(DistributionOutcome(name=name, passed=False, skipped=skipped))
+            continue
+        cmp, _, _ = _judge_call(program, ref_model, new_model, program.inputs(seed, name), cfg, record_ops=False, atol_by_rms=True)
+        outcomes.append(DistributionOutcome(name=name, passed=cmp.passed))
+        if not cmp.passed:
+            reason = f"on inputs redrawn from {DISTRIBUTION_NAMES.get(name, name)} ({name}): {cmp.reason}"
+            return tuple(outcomes), _fail(-1, seed, reason, cmp)
+    return tuple(outcomes), None
+
+
+def kernel_share(program: Program, cfg: EvalConfig, reference_ops: set[str]) -> KernelShare:
+    """Profile the candidate's forward; raises Rejected when its kernels do almost none of the work."""
+    seed = cfg.seed + 9_000_011
+    ref_model = program.reference(seed)
+    model = program.new_model(seed, reference=ref_model)
+    arg_sets = [program.inputs(seed + k) for k in range(4)]
+    share = model.kernel_share(arg_sets, frozenset(NON_COMPUTE), reference_ops)
+    if share.judged_share < cfg.guards.min_kernel_share:
+        raise Rejected(
+            f"the candidate's own kernels do {share.judged_share:.1%} of its forward's compute time "
+            f"({share.custom_ms:.3f} ms, against {share.aten_ms:.3f} ms in PyTorch operators"
+            + (f" and {share.library_ms:.3f} ms in PyTorch matmul/convolution" if share.library_ms else "")
+            + f"); at least {cfg.guards.min_kernel_share:.0%} must be custom: do the work in your kernel, not beside it"
+        )
+    return share
+
+
+def check_correctness(
+    program: Program, cfg: EvalConfig, trials: int | None = None, first_seed: int | None = None, full: bool = True
+) -> CorrectnessReport:
+    """Run the trials; raises Rejected for a hack, returns a report for right or wrong answers.
+
+    `full` adds the extra input distributions and the kernel share (the re-verification of a
+    large speedup runs the plain trials only)."""
+    started = time.perf_counter()
+    n = trials or cfg.correctness_trials
+    base = cfg.seed if first_seed is None else first_seed
+    tol = cfg.precision_tolerance
+    outcomes: list[TrialOutcome] = []
+    torch_ops: set[str] = set()
+    reference_ops: set[str] = set()
+
+    def failed(outcome: TrialOutcome, trial: int | None, distributions: tuple[DistributionOutcome, ...] = ()) -> CorrectnessReport:
+        return CorrectnessReport(
+            passed=False,
+            trials=n,
+            atol=tol.atol,
+            rtol=tol.rtol,
+            failed_trial=trial,
+            reason=outcome.reason,
+            max_abs_diff=outcome.max_abs_diff,
+            mean_abs_diff=outcome.mean_abs_diff,
+            rel_l2=outcome.rel_l2,
+            mismatches=outcome.mismatches,
+            outcomes=tuple(outcomes),
+            torch_ops_in_candidate=tuple(sorted(torch_ops)),
+            distributions=distributions,
+        )
+
+    for trial in range(n):
+        seed = base + trial
+        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, record_ops=trial == 0)
+        if trial == 0:
+            torch_ops = new_ops
+            reference_ops = ref_ops
+            if ref_ops and ref_ops <= new_ops:
+                raise Rejected(
+                    "ModelNew runs every compute op of the reference ("
+                    + ", ".join(f"aten::{op}" for op in sorted(ref_ops))
+                    + "); it wraps PyTorch instead of replacing it with a kernel"
+                )
+        outcomes.append(outcome)
+        if not outcome.passed:
+            return failed(outcome, trial)
+    distributions: tuple[DistributionOutcome, ...] = ()
+    share = None
+    phases = {"trials": time.perf_counter() - started}
+    if full:
+        distributions, bad = check_distributions(program, cfg, base)
+        phases["distributions"] = time.perf_counter() - started - sum(phases.values())
+        if bad is not None:
+            return failed(bad, None, distributions)
+        if cfg.guards.min_kernel_share > 0:
+            share = kernel_share(program, cfg, reference_ops)
+            phases["kernel_share"] = time.perf_counter() - started - sum(phases.values())
+    log.info("correctness_phases", **{k: round(v, 3) for k, v in phases.items()})
+    return CorrectnessReport(
+        passed=True,
+        trials=n,
+        atol=tol.atol,
+        rtol=tol.rtol,
+        max_abs_diff=max(o.max_abs_diff for o in outcomes),
+        mean_abs_diff=sum(o.mean_abs_diff for o in outcomes) / n,
+        rel_l2=max(o.rel_l2 for o in outcomes),
+        outcomes=tuple(outcomes),
+        torch_ops_in_candidate=tuple(sorted(torch_ops)),
+        distributions=distributions,
+        kernel_share=share,
+    )
