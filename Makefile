@@ -19,12 +19,13 @@ CLANG := { command -v clang++-19 || command -v clang++ \
 	|| echo "setup: clang++ not installed (needs root and apt): C++ builds use GCC, only slower" >&2; } >/dev/null
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-gpu demo lint clean
+.PHONY: help setup test test-gpu demo lint docs clean
 
 help:
 	@echo "make setup     create .venv/ with the refinery command"
 	@echo "make lint      ruff check, ruff format --check, mypy; each '# type: ignore' with a code and a reason"
 	@echo "make test      run the test suite (CPU)"
+	@echo "make docs      the API reference, build/api/index.html (pdoc; warnings fail)"
 	@echo "make test-gpu  run the GPU tests (needs CUDA)"
 	@echo "make demo      a real refinement experiment on 3 built-in CPU tasks"
 
@@ -32,7 +33,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi
-	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,local,ray,kernelguard,serve,rl]'
+	CMAKE_ARGS='$(LLAMA_CMAKE)' $(BIN)/python -m pip install -q -e '.[test,docs,local,ray,kernelguard,serve,rl]'
 	$(BIN)/python -m kernel_refinery.agent.chat.local_model prepare
 	$(CLANG) && $(BIN)/python -m kernel_refinery.tools.steps.pch
 	touch $(STAMP)
@@ -47,6 +48,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The public API's reference pages, from kernel_refinery/api.py's docstrings; any warning fails the build.
+docs: $(STAMP)
+	rm -rf build/api
+	$(BIN)/python -W error -m pdoc kernel_refinery.api -o build/api
+	@echo "API reference: build/api/kernel_refinery/api.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=8

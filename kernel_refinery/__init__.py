@@ -1,6 +1,6 @@
 """kernel-refinery: an LLM writes fast kernels by iterative refinement, judged by an honest evaluator.
 
-The public Python API (bench/api.py), stable across minor versions: `from kernel_refinery import evaluate, load_task`.
+The public Python API (kernel_refinery/api.py), stable across minor versions: `from kernel_refinery import evaluate, load_task`.
 Every other module is private by convention. The subpackages are the repository's top-level folders:
 
 - `kernel_refinery.core`: the shared vocabulary (errors, verdicts, trajectory ids, numerics, statistics);
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kernel_refinery.bench.api import (
+    from kernel_refinery.api import (
         EvalConfig,
         EvalResult,
         Experiment,

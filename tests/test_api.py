@@ -1,4 +1,4 @@
-"""The public Python API (bench/api.py, re-exported from `kernel_refinery`): every entry point on CPU, with
+"""The public Python API (kernel_refinery/api.py, re-exported from `kernel_refinery`): every entry point on CPU, with
 real C++ candidates that share one build (tests/candidates.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from result_compare import EVAL_SETS, comparable, eval_json
 from typer.testing import CliRunner
 
 import kernel_refinery
-import kernel_refinery.bench.api
+import kernel_refinery.api
 from kernel_refinery import (
     EvalConfig,
     Experiment,
@@ -24,7 +24,7 @@ from kernel_refinery import (
     load_traces,
     report_run,
 )
-from kernel_refinery.bench.api import __all__ as api_names
+from kernel_refinery.api import __all__ as api_names
 from kernel_refinery.bench.cli import app
 from kernel_refinery.bench.tasks import SuiteError
 from kernel_refinery.core.errors import RunDirError
@@ -42,7 +42,7 @@ def settings(cache_dir: Path) -> EvalConfig:
 
 def test_the_package_exports_the_api_and_nothing_else() -> None:
     assert sorted(kernel_refinery.__all__) == sorted(api_names)
-    assert all(getattr(kernel_refinery, name) is getattr(kernel_refinery.bench.api, name) for name in api_names)
+    assert all(getattr(kernel_refinery, name) is getattr(kernel_refinery.api, name) for name in api_names)
     with pytest.raises(AttributeError, match="no attribute 'Evaluator'"):
         _ = kernel_refinery.Evaluator  # type: ignore[attr-defined]  # checking that the private names stay private
 

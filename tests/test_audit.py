@@ -414,15 +414,15 @@ def test_writes_outside_the_writable_dirs_are_refused(tmp_path: Path) -> None:
             refused(pathlib.Path(target).write_text, "x")
             refused(os.open, target, os.O_WRONLY | os.O_CREAT)
             refused(os.mkdir, os.path.join(OUTSIDE, "d"))
-            refused(open, os.path.join(audit.TOOLS_DIR, "audit.py"), "r+")
+            refused(open, os.path.join(audit.TOOLS_DIR, "guards", "audit.py"), "r+")
             assert not os.path.exists(target)
 
             # Reading stays allowed; so does a symlink into the work folder, but not writing through it.
-            assert open(os.path.join(audit.TOOLS_DIR, "audit.py")).read(3) == '\"\"\"'
+            assert open(os.path.join(audit.TOOLS_DIR, "guards", "audit.py")).read(3) == '\"\"\"'
             link = os.path.join(WORK, "link")
             os.symlink(target, link)
             refused(open, link, "w")
-            refused(os.link, os.path.join(audit.TOOLS_DIR, "audit.py"), os.path.join(WORK, "hard"))
+            refused(os.link, os.path.join(audit.TOOLS_DIR, "guards", "audit.py"), os.path.join(WORK, "hard"))
 
             # os.open of a relative name may be relative to a dir_fd the event does not show.
             os.chdir(WORK)

@@ -26,7 +26,7 @@ from result_compare import comparable
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-from kernel_refinery.bench.api import evaluate
+from kernel_refinery.api import evaluate
 from kernel_refinery.bench.cli import app
 from kernel_refinery.bench.serve.bounded_queue import EvaluationJob, EvaluationQueue, QueueFull
 from kernel_refinery.bench.serve.client import Client, ServiceError
