@@ -59,7 +59,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from kernel_refinery.bench import api
+        from kernel_refinery import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'kernel_refinery' has no attribute {name!r}")
