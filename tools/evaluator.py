@@ -1,5 +1,6 @@
 """The evaluator's Python API: static check here, compile in the candidate's own process (the
-runner), then correctness, timing and profile driven by the judge, which never loads candidate code.
+runner), then correctness, timing and profile driven by the judge, which never loads candidate code;
+the one table of these steps and their processes is tools/stages.py.
 
     with Evaluator(EvalConfig(device="cpu")) as ev:
         result = ev.evaluate(TaskProgram(name="relu", source=ref), candidate_source)
@@ -23,11 +24,20 @@ from kernel_refinery.tools.guards.static_check import check_candidate
 from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, TaskProgram, source_hash
 from kernel_refinery.tools.processes.worker import Judge, Worker
 from kernel_refinery.tools.results import EvalResult, Stage, StaticReport
+from kernel_refinery.tools.stages import STEPS, order, steps_in
 
 log = structlog.get_logger()
 
-ALL_STAGES: tuple[Stage, ...] = tuple(Stage)
-_RUN_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
+ALL_STAGES: tuple[Stage, ...] = tuple(step.stage for step in STEPS)
+# Who runs what, from the one table (tools/stages.py).
+_PARENT = steps_in("parent")
+"""Here: the static check, `Evaluator.static` (tests/test_stages.py holds the table to it)."""
+_RUNNER = steps_in("runner")
+"""In the candidate's runner: load and compile."""
+_JUDGE = steps_in("judge")
+"""Driven by the judge: correctness, timing, profile."""
+if _PARENT != (Stage.STATIC,):
+    raise RuntimeError("tools/stages.py: the parent runs the static check only (Evaluator.run)")
 
 
 class Evaluator:
@@ -77,16 +87,17 @@ class Evaluator:
         """Load (compile) in the candidate's runner when asked or not yet done there, then the device
         stages through the judge; the first failure is the reply."""
         self.worker.for_candidate(source_hash(task.source + "\0" + candidate + "\0" + self.config.precision))
-        job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=(Stage.COMPILE,), config=self.config)
+        job = EvalJob(task_name=task.name, task_source=task.source, candidate_source=candidate, stages=_RUNNER, config=self.config)
         self.judge.warm()  # its start overlaps the runner's and the compile
         load: JobReply | None = None
-        if Stage.COMPILE in stages or not self.worker.alive:
+        asked_load = any(s in _RUNNER for s in stages)
+        if asked_load or not self.worker.alive:
             load, printed = self.worker.run(job, self.config.compile_timeout_s)
             if load.failure is not None:
                 return load, printed
-            if Stage.COMPILE not in stages:
+            if not asked_load:
                 load = load.model_copy(update={"compile": None, "stage_seconds": {}})
-        device_stages = tuple(s for s in stages if s is not Stage.COMPILE)
+        device_stages = tuple(s for s in stages if s in _JUDGE)
         if not device_stages:
             assert load is not None
             return load, ""
@@ -126,15 +137,15 @@ class Evaluator:
 
     def evaluate(self, task: TaskProgram, candidate: str) -> EvalResult:
         """Every stage, in order; the first failure decides the status."""
-        result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE))
+        result = self.run(task, candidate, _PARENT + _RUNNER)
         if result.status is not None:
             return result
-        return result.merge(self.run(task, candidate, _RUN_STAGES))
+        return result.merge(self.run(task, candidate, _JUDGE))
 
     def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult:
         """The given stages only. Status None means they all passed and the verdict is open;
         after the correctness stage a pass is `correct`."""
-        stage_set = tuple(s for s in Stage if s in stages)
+        stage_set = order(stages)
         static = None
         seconds: dict[str, float] = {}
         if Stage.STATIC in stage_set:
@@ -145,7 +156,7 @@ class Evaluator:
                 return EvalResult(
                     **self._setting, status=EvalStatus.REJECTED, message="\n".join(static.rejections), static=static, stage_seconds=seconds
                 )
-        worker_stages = tuple(s for s in stage_set if s is not Stage.STATIC)
+        worker_stages = tuple(s for s in stage_set if s not in _PARENT)
         if not worker_stages:
             return EvalResult(**self._setting, status=None, static=static, stage_seconds=seconds)
         reply, printed = self._run_worker_stages(task, candidate, worker_stages)

@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
@@ -42,7 +43,8 @@ from kernel_refinery.tools.processes.programs import Program, import_source, sou
 from kernel_refinery.tools.processes.remote import RunnerGone, RunnerLink
 from kernel_refinery.tools.processes.startup import StartSteps
 from kernel_refinery.tools.processes.worker_main import apply_tf32_policy, describe, die_with_parent
-from kernel_refinery.tools.results import Stage, TimingReport
+from kernel_refinery.tools.results import CorrectnessReport, Frozen, ProfileReport, Stage, TimingReport
+from kernel_refinery.tools.stages import STEP, steps_in
 from kernel_refinery.tools.steps.aten_ops import OpRecorder
 from kernel_refinery.tools.steps.baseline_cache import store_for
 from kernel_refinery.tools.steps.correctness import check_correctness, compare, verify_after_timing
@@ -78,7 +80,22 @@ def _salt() -> int:
     return random.SystemRandom().getrandbits(40)
 
 
-def _timing(state: JudgeState, job: EvalJob, program: Program, first_seed: int) -> TimingReport:
+@dataclass(frozen=True)
+class Judged:
+    """What the judge's steps of one job share."""
+
+    state: JudgeState
+    job: EvalJob
+    program: Program
+    first_seed: int
+
+
+def _correctness(run: Judged) -> CorrectnessReport:
+    return check_correctness(run.program, run.job.config, first_seed=run.first_seed)
+
+
+def _timing(run: Judged) -> TimingReport:
+    state, job, program, first_seed = run.state, run.job, run.program, run.first_seed
     cfg = job.config
     if state.timer is None:
         state.timer = Timer(state.device)
@@ -113,29 +130,35 @@ def _timing(state: JudgeState, job: EvalJob, program: Program, first_seed: int) 
     return report
 
 
+def _profile(run: Judged) -> ProfileReport:
+    cfg = run.job.config
+    model = run.program.new_model(cfg.seed)
+    return model.profile(run.program.inputs(cfg.seed + 1_000_003), cfg.profile_rows)
+
+
+HANDLERS: dict[Stage, Callable[[Judged], Frozen]] = {Stage.CORRECTNESS: _correctness, Stage.TIMING: _timing, Stage.PROFILE: _profile}
+"""The judge's handler of each of its steps, in the table's order (tools/stages.py); each returns the
+report for the step's field of the reply."""
+if tuple(HANDLERS) != steps_in("judge"):
+    raise RuntimeError(f"judge: handlers for {list(HANDLERS)}, but tools/stages.py gives the judge {list(steps_in('judge'))}")
+
+
 def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
-    """The device stages of one candidate: correctness, timing, profile, in that order."""
+    """The device stages of one candidate that the job asks for, in the table's order (tools/stages.py)."""
     cfg: EvalConfig = job.config
     seconds: dict[str, float] = {}
     parts: dict[str, Any] = {}
     apply_tf32_policy(cfg.allow_tf32)
-    stage = Stage.CORRECTNESS
+    stage = steps_in("judge")[0]  # a failure before the first step is reported as the first step's
     first_seed = cfg.seed + _salt()
     try:
         program = Program(state.task(job), None, state.device, dtype=getattr(torch, cfg.dtype_name), build=link.build, input_salt=_salt())
-        for stage in job.stages:
+        run = Judged(state, job, program, first_seed)
+        for stage in [s for s in steps_in("judge") if s in job.stages]:
             started = time.perf_counter()
-            if stage is Stage.CORRECTNESS:
-                parts["correctness"] = report = check_correctness(program, cfg, first_seed=first_seed)
-                if not report.passed:
-                    raise StageFailed(EvalStatus.INCORRECT, report.summary())
-            elif stage is Stage.TIMING:
-                parts["timing"] = _timing(state, job, program, first_seed)
-            elif stage is Stage.PROFILE:
-                model = program.new_model(cfg.seed)
-                parts["profile"] = model.profile(program.inputs(cfg.seed + 1_000_003), cfg.profile_rows)
-            else:
-                continue
+            parts[STEP[stage].fills] = report = HANDLERS[stage](run)
+            if isinstance(report, CorrectnessReport) and not report.passed:
+                raise StageFailed(EvalStatus.INCORRECT, report.summary())
             seconds[stage.value] = time.perf_counter() - started
         changes = link.end()
         if changes:

@@ -33,8 +33,12 @@ from kernel_refinery.tools.evaluator import Evaluator
 from kernel_refinery.tools.processes.jobs import TaskProgram, source_hash
 from kernel_refinery.tools.processes.worker import Judge, Worker
 from kernel_refinery.tools.results import EvalResult, Stage
+from kernel_refinery.tools.stages import steps_in
 
-_DEVICE_STAGES = (Stage.CORRECTNESS, Stage.TIMING, Stage.PROFILE)
+_LOAD_STAGES = steps_in("parent") + steps_in("runner")
+"""Static check and compile (tools/stages.py): no device lock."""
+_DEVICE_STAGES = steps_in("judge")
+"""The judge's steps (tools/stages.py): they hold their device's lock."""
 
 
 class QuietCpu:
@@ -216,7 +220,7 @@ class EvaluatorPool:
         return result
 
     def evaluate(self, task: TaskProgram, candidate: str, config: EvalConfig | None = None) -> EvalResult:
-        result = self.run(task, candidate, (Stage.STATIC, Stage.COMPILE), config)
+        result = self.run(task, candidate, _LOAD_STAGES, config)
         if result.status is not None:
             return result
         return result.merge(self.run(task, candidate, _DEVICE_STAGES, config))

@@ -56,12 +56,17 @@ from kernel_refinery.tools.processes.confine import confine_writes, drop_capabil
 from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, Rejected, StageFailed
 from kernel_refinery.tools.processes.programs import Program, import_source, source_hash, tensors_of
 from kernel_refinery.tools.processes.startup import StartSteps
-from kernel_refinery.tools.results import CompileReport, Stage
+from kernel_refinery.tools.results import CompileReport
+from kernel_refinery.tools.stages import steps_in
 from kernel_refinery.tools.steps.aten_ops import OpRecorder, synchronize
 from kernel_refinery.tools.steps.compile_cache import CompileCache, CompileFailed, CompileLedger
 from kernel_refinery.tools.steps.kernel_share import measure_kernel_share
 from kernel_refinery.tools.steps.profiling import profile_forward
 from kernel_refinery.tools.steps.timing import Timer
+
+(LOAD,) = steps_in("runner")
+"""The runner's one step in the table (tools/stages.py), the load that compiles the candidate: the job
+asks for nothing else here, and the runner decides nothing else."""
 
 REFUSED = "refused by the evaluator"
 """How the audit hook's PermissionError starts (tools/guards/audit.py): the candidate reached for the harness."""
@@ -202,11 +207,11 @@ def run_job(state: WorkerState, job: EvalJob) -> JobReply:
             compile_report = CompileReport(
                 ok=False, log=exc.message, seconds=time.perf_counter() - started, compiler=state.cache.ledger.compiler
             )
-        seconds[Stage.COMPILE.value] = time.perf_counter() - started
+        seconds[LOAD.value] = time.perf_counter() - started
         return JobReply(failure=exc.status, message=exc.message, compile=compile_report, stage_seconds=seconds, fatal=exc.fatal)
     except Rejected as exc:
         return JobReply(failure=EvalStatus.REJECTED, message=str(exc), stage_seconds=seconds, isolation=state.isolation)
-    seconds[Stage.COMPILE.value] = time.perf_counter() - started
+    seconds[LOAD.value] = time.perf_counter() - started
     return JobReply(compile=loaded.report, stage_seconds=seconds, isolation=state.isolation)
 
 
