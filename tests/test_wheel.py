@@ -3,6 +3,8 @@ the data files the code reads, and no developer tooling (benchmarks/, results/, 
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,12 +16,31 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "kernel_refinery"
 
 
+def _source_copy(into: Path) -> Path:
+    """The files git would commit (tracked, or new and not ignored), links kept as links: a build in
+    the checkout itself would also pack whatever an earlier build left in build/lib."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source, target = ROOT / name, into / name
+        if not source.is_symlink() and not source.exists():
+            continue  # deleted in the working tree, not yet in git
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+    return into
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    # The project's own source tree, built as pip builds it for `pip install .` (setuptools from this environment).
+    source = _source_copy(tmp_path_factory.mktemp("source"))
+    # Built as pip builds it for `pip install .` (setuptools from this environment).
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
         cwd=out,
