@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.tools.config import EvalConfig
 
 FEEDBACK_PARTS = ("E", "P", "N")
@@ -46,6 +47,14 @@ class Variant(BaseModel):
         return "+".join(["G", *[p for p in FEEDBACK_PARTS if p in self.parts]])
 
 
+def _parse_variant(value: object) -> object:
+    return Variant.parse(value) if isinstance(value, str) else value
+
+
+VariantSetting = Annotated[Variant, BeforeValidator(_parse_variant), PlainSerializer(str, return_type=str)]
+"""A Variant read from its text ("G+E+P") and written back as that text, so configs and results keep the string."""
+
+
 class ModelSettings(BaseModel):
     """Which chat model writes the kernels, and how it is called."""
 
@@ -73,23 +82,10 @@ class LoopSettings(BaseModel):
     """The refinement loop."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    variant: str = "G+E+P"
+    variant: VariantSetting = Variant.parse("G+E+P")
     turns: int = Field(10, ge=1)
     target_speedup: float = Field(1.0, description="stop at a correct kernel this fast (Attempt.reaches)")
     hardware_prompt: bool = True
-
-    @field_validator("variant")
-    @classmethod
-    def _valid_variant(cls, value: str) -> str:
-        return str(Variant.parse(value))
-
-    @property
-    def parsed_variant(self) -> Variant:
-        return Variant.parse(self.variant)
-
-
-Strategy = Literal["refine", "best-of-n", "beam"]
-STRATEGIES: tuple[str, ...] = ("refine", "best-of-n", "beam")
 
 
 class SearchSettings(BaseModel):
@@ -104,12 +100,12 @@ class SearchSettings(BaseModel):
     budget_tokens: int | None = Field(None, ge=1, description="no model call starts once this many tokens are spent")
 
 
-def check_temperature(strategy: str, search: SearchSettings, llm: ModelSettings, samples: int = 1) -> None:
+def check_temperature(strategy: Strategy, search: SearchSettings, llm: ModelSettings, samples: int = 1) -> None:
     """Independent samples at temperature 0 are all the same, so best-of-n's trajectories and an
     experiment's samples need a temperature above 0 (a scripted model chooses its own replies)."""
     if llm.temperature > 0 or llm.model.startswith("scripted"):
         return
-    if strategy == "best-of-n" and search.n > 1:
+    if strategy == Strategy.BEST_OF_N and search.n > 1:
         raise ValueError(f"best-of-n with n = {search.n} needs temperature above 0 (--set llm.temperature=0.7)")
     if samples > 1:
         raise ValueError(
@@ -132,7 +128,7 @@ class RunConfig(BaseModel):
     llm: ModelSettings = ModelSettings()
     loop: LoopSettings = LoopSettings()
     eval: EvalConfig = EvalConfig()
-    strategy: Strategy = "refine"
+    strategy: Strategy = Strategy.REFINE
     search: SearchSettings = SearchSettings()
 
     @model_validator(mode="after")

@@ -146,7 +146,7 @@ def execute(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
 
 def profile(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     draft = _evaluate(state, runtime, "profile", (Stage.TIMING, Stage.PROFILE))
-    if runtime.context.config.loop.parsed_variant.nsight and draft.correct:
+    if runtime.context.config.loop.variant.nsight and draft.correct:
         draft = _evaluate({**state, "draft": draft}, runtime, "nsight", None)
     log.info("node", node="profile", task=state["task"].name, turn=draft.turn, speedup=draft.speedup)
     return {"draft": draft}

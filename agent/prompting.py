@@ -18,6 +18,7 @@ from kernel_refinery import prompts
 from kernel_refinery.agent.config import RunConfig, Variant
 from kernel_refinery.agent.extract import REFERENCE_ECHO
 from kernel_refinery.agent.state import Attempt, TaskSpec
+from kernel_refinery.core.numerics import Numerics, Precision
 from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.results import EvalResult
 
@@ -121,8 +122,10 @@ def turn_feedback(previous: Attempt, variant: Variant) -> str:
     return evaluation_feedback(previous.result, variant)
 
 
-REDUCED_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-"""A reduced precision is named in the prompt: the kernels must read and write that dtype."""
+def _dtype(precision: str) -> str:
+    """A reduced precision is named in the prompt: the kernels must read and write that dtype."""
+    named = Precision(precision)
+    return named.dtype_name if named.reduced else ""
 
 
 def build_messages(
@@ -135,7 +138,7 @@ def build_messages(
     hardware: str | None,
     tolerance: float,
     idea: str | None = None,
-    precision: str = "fp32",
+    precision: str = Precision.FP32,
 ) -> list[BaseMessage]:
     spec = prompts.backend(backend)
     system = prompts.render("system.j2", backend=spec, tolerance=f"{tolerance:g}")
@@ -154,7 +157,7 @@ def build_messages(
         previous_reply=previous.reply if previous is not None else None,
         feedback=turn_feedback(previous, variant) if previous is not None else "",
         idea=idea,
-        dtype=REDUCED_DTYPES.get(precision, ""),
+        dtype=_dtype(precision),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]
 
@@ -168,7 +171,7 @@ def idea_messages(
     count: int,
     hardware: str | None,
     tolerance: float,
-    precision: str = "fp32",
+    precision: str = Precision.FP32,
 ) -> list[BaseMessage]:
     """Ask for `count` short optimisation ideas for the parent kernel (the reference when None)."""
     spec = prompts.backend(backend)
@@ -182,7 +185,7 @@ def idea_messages(
         feedback=turn_feedback(parent, variant) if parent is not None else "",
         tried=tried,
         count=count,
-        dtype=REDUCED_DTYPES.get(precision, ""),
+        dtype=_dtype(precision),
     )
     return [SystemMessage(content=system), HumanMessage(content=user)]
 
@@ -190,24 +193,29 @@ def idea_messages(
 @dataclass(frozen=True)
 class PromptFrame:
     """What every prompt of a run states besides the task and its history, read from the config in
-    one place: the backend, the feedback variant, the precision, the tolerance in force (an explicit
-    `eval.tolerance`, else the precision's default) and the hardware block, if the loop shows it."""
+    one place: the backend, the feedback variant, the numerics (the precision and the tolerance in
+    force: an explicit `eval.tolerance`, else the precision's default) and the hardware block, if the
+    loop shows it."""
 
     backend: str
     variant: Variant
-    precision: str
-    tolerance: float
+    numerics: Numerics
     hardware: str | None
 
     @classmethod
     def of(cls, config: RunConfig, hardware: str | None) -> PromptFrame:
         return cls(
             backend=config.eval.kernel_backend,
-            variant=config.loop.parsed_variant,
-            precision=config.eval.precision,
-            tolerance=config.eval.precision_tolerance.rtol,
+            variant=config.loop.variant,
+            numerics=config.eval.numerics,
             hardware=hardware if config.loop.hardware_prompt else None,
         )
+
+    @property
+    def tolerance(self) -> float:
+        """The tolerance the system prompt states."""
+        assert self.numerics.tolerance is not None, "a run's numerics always hold its tolerance"
+        return self.numerics.tolerance
 
     def turn(self, task: TaskSpec, turn: int, turns: int, previous: Attempt | None, idea: str | None = None) -> list[BaseMessage]:
         return build_messages(
@@ -220,8 +228,8 @@ class PromptFrame:
             hardware=self.hardware,
             tolerance=self.tolerance,
             idea=idea,
-            precision=self.precision,
+            precision=self.numerics.precision,
         )
 
     def ideas(self, task: TaskSpec, parent: Attempt | None, tried: list[str], count: int) -> list[BaseMessage]:
-        return idea_messages(task, self.backend, self.variant, parent, tried, count, self.hardware, self.tolerance, self.precision)
+        return idea_messages(task, self.backend, self.variant, parent, tried, count, self.hardware, self.tolerance, self.numerics.precision)

@@ -31,6 +31,7 @@ from kernel_refinery.agent.nodes import AgentContext, CandidateEvaluator
 from kernel_refinery.agent.quiet import QuietHost
 from kernel_refinery.agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
 from kernel_refinery.agent.state import Attempt, TaskSpec, TreePlace, TurnInput
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.core.verdict import Verdict, merit
 from kernel_refinery.traces.schema import TokenUsage, TrajectoryId
 from kernel_refinery.traces.store import trace_path
@@ -42,7 +43,7 @@ log = structlog.get_logger()
 class StrategyResult(AttemptsSummary):
     """What a strategy found on one task: every attempt in evaluation order, and what it cost."""
 
-    strategy: str
+    strategy: Strategy
     trajectory: TrajectoryId
     attempts: tuple[Attempt, ...]
     tokens: TokenUsage
@@ -77,9 +78,9 @@ def run_strategy(run: StrategyRun, budget: Budget | None = None) -> StrategyResu
     budget = budget if budget is not None else Budget(max_evals=search.budget_evals, max_tokens=search.budget_tokens)
     trajectory = run.trajectory.model_copy(update={"strategy": run.config.strategy})
     run = replace(run, trajectory=trajectory)
-    if run.config.strategy == "beam":
+    if run.config.strategy == Strategy.BEAM:
         return run_beam(run, budget)
-    samples = search.n if run.config.strategy == "best-of-n" else 1
+    samples = search.n if run.config.strategy == Strategy.BEST_OF_N else 1
     attempts: list[Attempt] = []
     tokens = TokenUsage()
     traces: list[Path] = []
@@ -218,5 +219,5 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
         seeds = list(select_seeds(nodes, search.beam_width)) or [None]
         log.info("beam_round", task=run.task.name, round=round_no, seeds=[s.node_id for s in seeds if s is not None])
     return StrategyResult(
-        strategy="beam", trajectory=run.trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,)
+        strategy=Strategy.BEAM, trajectory=run.trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,)
     )

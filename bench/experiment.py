@@ -29,7 +29,7 @@ from typing import Any, Literal
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kernel_refinery.agent.config import STRATEGIES, LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, check_temperature
+from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, check_temperature
 from kernel_refinery.agent.nodes import CandidateEvaluator
 from kernel_refinery.agent.quiet import QuietHost
 from kernel_refinery.agent.state import TaskSpec
@@ -37,6 +37,8 @@ from kernel_refinery.agent.strategies import StrategyResult, StrategyRun, run_st
 from kernel_refinery.bench.settings import describe_validation, load_settings, nest_flat_keys
 from kernel_refinery.bench.tasks import Task, load_suite, resolve_suite
 from kernel_refinery.core.errors import ConfigError, RunDirError
+from kernel_refinery.core.numerics import Numerics
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.traces.manifest import Difference, differences, flatten, manifest_path, read_manifest, write_manifest
 from kernel_refinery.traces.outcome import RESULTS_SCHEMA_VERSION, TrajectoryRecord, trajectory_record
@@ -58,7 +60,7 @@ class ExperimentConfig(BaseModel):
     tasks: str | None = Field(None, description="name filter: substring or glob")
     variants: list[str] = Field(["G", "G+E", "G+E+P"], description="feedback variants: each runs on every task")
     samples: int = Field(1, ge=1, description="independent trajectories per task and variant")
-    strategies: list[str] = Field(["refine"], description="refine, best-of-n, beam: each runs on every task and variant")
+    strategies: list[Strategy] = Field([Strategy.REFINE], description="refine, best-of-n, beam: each runs on every task and variant")
     llm: ModelSettings = ModelSettings()
     loop: LoopSettings = Field(LoopSettings(), description="turns, target speedup and hardware prompt (the variant is each of `variants`)")
     eval: EvalConfig = EvalConfig()
@@ -88,11 +90,17 @@ class ExperimentConfig(BaseModel):
             Variant.parse(v)
         return value
 
+    @field_validator("strategies", mode="before")
+    @classmethod
+    def _known_strategies(cls, value: Any) -> Any:
+        known = [s.value for s in Strategy]
+        unknown = [s for s in value if s not in known] if isinstance(value, list) else []
+        if unknown or not value:
+            raise ValueError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; strategies are {', '.join(known)}")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown or not self.strategies:
-            raise ValueError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; strategies are {', '.join(STRATEGIES)}")
         for strategy in self.strategies:
             check_temperature(strategy, self.search, self.llm, self.samples)
         return self
@@ -105,8 +113,8 @@ class ExperimentConfig(BaseModel):
         """The evaluator settings (`.eval`); kept for callers written before the nesting (benchmarks/soak, benchmarks)."""
         return self.eval
 
-    def run_config(self, variant: str, strategy: str = "refine") -> RunConfig:
-        loop = self.loop.model_copy(update={"variant": str(Variant.parse(variant))})
+    def run_config(self, variant: str, strategy: Strategy = Strategy.REFINE) -> RunConfig:
+        loop = self.loop.model_copy(update={"variant": Variant.parse(variant)})
         return RunConfig(llm=self.llm, loop=loop, eval=self.eval, strategy=strategy, search=self.search)
 
     def saved(self) -> dict[str, Any]:
@@ -151,9 +159,14 @@ def read_saved_config(path: Path) -> ExperimentConfig:
 
 
 def record_of(
-    task: Task, variant: str, sample: int, result: StrategyResult, strategy: str = "refine", eval_config: EvalConfig | None = None
+    task: Task,
+    variant: str,
+    sample: int,
+    result: StrategyResult,
+    strategy: Strategy = Strategy.REFINE,
+    eval_config: EvalConfig | None = None,
 ) -> TrajectoryRecord:
-    numerics = eval_config or EvalConfig()
+    numerics = (eval_config or EvalConfig()).numerics
     trajectory = TrajectoryId(task=task.key, variant=variant, sample=sample, strategy=strategy, precision=numerics.precision)
     return trajectory_record(
         trajectory,
@@ -161,7 +174,7 @@ def record_of(
         result.attempts,
         tokens=result.tokens.total,
         evals=result.evals,
-        tolerance=numerics.precision_tolerance.atol,
+        tolerance=numerics.tolerance,
         allow_tf32=numerics.allow_tf32,
     )
 
@@ -246,12 +259,11 @@ def plan(config: ExperimentConfig) -> list[PlannedTrajectory]:
             "check --suite, --levels and --tasks (`refinery experiment --help`)"
         )
     precision = config.eval.precision
+    variants = [str(Variant.parse(v)) for v in config.variants]
     return [
-        PlannedTrajectory(
-            task=t, id=TrajectoryId(task=t.key, variant=str(Variant.parse(v)), sample=s, strategy=strategy, precision=precision)
-        )
+        PlannedTrajectory(task=t, id=TrajectoryId(task=t.key, variant=v, sample=s, strategy=strategy, precision=precision))
         for t in tasks
-        for v in config.variants
+        for v in variants
         for strategy in config.strategies
         for s in range(config.samples)
     ]
@@ -271,19 +283,19 @@ def _comparable(config: ExperimentConfig) -> dict[str, object]:
     return {k: v for k, v in data.items() if k not in _RUNTIME_ONLY | _PRECISION_FIELDS | {"schema_version"}}
 
 
-class Numerics(BaseModel):
-    """How one precision's results are judged: atol = rtol in force, and the TF32 policy."""
+class HeldPrecision(BaseModel):
+    """One entry of precisions.json, as it has always been written: the tolerance (atol = rtol) the
+    precision's results are judged at, and the TF32 policy."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     tolerance: float
     allow_tf32: bool
 
-    @classmethod
-    def of(cls, config: EvalConfig) -> Numerics:
-        return cls(tolerance=config.precision_tolerance.atol, allow_tf32=config.allow_tf32)
 
-    def describe(self) -> str:
-        return f"atol = rtol = {self.tolerance:g}, TF32 {'allowed' if self.allow_tf32 else 'off'}"
+def held_numerics(config: EvalConfig) -> Numerics:
+    """The numerics a run directory pins for the config's precision: as results record them (one tolerance)."""
+    numerics = config.numerics
+    return Numerics.recorded(numerics.precision, numerics.tolerance, numerics.allow_tf32)
 
 
 def precisions_path(run_dir: Path) -> Path:
@@ -295,7 +307,8 @@ def read_precisions(run_dir: Path) -> dict[str, Numerics]:
     path = precisions_path(run_dir)
     if path.exists():
         try:
-            return {p: Numerics.model_validate(v) for p, v in json.loads(path.read_text()).items()}
+            held = {p: HeldPrecision.model_validate(v) for p, v in json.loads(path.read_text()).items()}
+            return {p: Numerics.recorded(p, h.tolerance, h.allow_tf32) for p, h in held.items()}
         except (ValueError, AttributeError) as exc:
             raise RunDirError(f"{path} is not a precision table this version of refinery reads ({exc}); choose another --run-dir") from exc
     saved = Path(run_dir) / "config.json"
@@ -305,7 +318,7 @@ def read_precisions(run_dir: Path) -> dict[str, Numerics]:
             eval_config = read_saved_config(saved).eval
         except ValueError:
             return {}
-        return {eval_config.precision: Numerics.of(eval_config)}
+        return {eval_config.precision: held_numerics(eval_config)}
     return {}
 
 
@@ -336,15 +349,16 @@ def prepare_run_dir(run_dir: Path, config: ExperimentConfig) -> list[Difference]
                 "resume it with the same settings or choose another --run-dir"
             )
     eval_config = config.eval
-    numerics = Numerics.of(eval_config)
+    numerics = held_numerics(eval_config)
     held = precisions.get(eval_config.precision)
     if held is not None and held != numerics:
         raise RunDirError(
-            f"{run_dir} holds {eval_config.precision} trajectories judged at {held.describe()}; this run asks for "
+            f"{run_dir} holds trajectories judged at {held.describe()}; this run asks for "
             f"{numerics.describe()}: resume with the same eval.tolerance and eval.allow_tf32, or choose another --run-dir"
         )
     precisions[eval_config.precision] = numerics
-    precisions_path(run_dir).write_text(json.dumps({p: n.model_dump() for p, n in precisions.items()}, indent=2) + "\n")
+    entries = {p: HeldPrecision(tolerance=n.tolerance, allow_tf32=n.allow_tf32) for p, n in precisions.items() if n.tolerance is not None}
+    precisions_path(run_dir).write_text(json.dumps({p: h.model_dump() for p, h in entries.items()}, indent=2) + "\n")
     saved.write_text(json.dumps(config.saved(), indent=2) + "\n")
     return _record_manifest(run_dir, config)
 

@@ -28,7 +28,8 @@ from kernel_refinery.bench.provenance import collect_manifest
 from kernel_refinery.bench.render import print_trajectory_end, turn_line
 from kernel_refinery.bench.report import report
 from kernel_refinery.bench.tasks import Task
-from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.core.numerics import Precision
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.tools.hardware import describe
 from kernel_refinery.traces.manifest import write_manifest
 from kernel_refinery.traces.schema import TrajectoryId
@@ -40,12 +41,6 @@ class EvaluationPool(CandidateEvaluator, Protocol):
     """An experiment's shared evaluator: tools.processes.pool.EvaluatorPool or bench.ray_pool.RayEvaluatorPool."""
 
     def close(self) -> None: ...
-
-
-def _numerics_text(config: EvalConfig) -> str:
-    """`fp32, atol = rtol = 0.0001` (and `TF32 allowed` where it is)."""
-    tf32 = ", TF32 allowed" if config.allow_tf32 else ""
-    return f"{config.precision}, atol = rtol = {config.precision_tolerance.atol:g}{tf32}"
 
 
 def make_pool(config: ExperimentConfig) -> EvaluationPool:
@@ -66,11 +61,11 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     write_manifest(run_dir, collect_manifest(config.eval, [(task.key, task.path)]))
-    trajectory = TrajectoryId(task=task.key, variant=config.loop.variant, precision=config.eval.precision)
+    trajectory = TrajectoryId(task=task.key, variant=str(config.loop.variant), precision=config.eval.precision)
     quiet = QUIET_NOTE if needs_quiet_host(config.llm, config.eval) else ""
     console.print(
         f"[bold]{task.key}[/] · {config.loop.variant} · {config.strategy} · {config.loop.turns} turns · {config.eval.device} · "
-        f"{_numerics_text(config.eval)} · model {config.llm.model}{quiet}",
+        f"{config.eval.numerics.describe()} · model {config.llm.model}{quiet}",
         highlight=False,
     )
 
@@ -105,14 +100,13 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
             highlight=False,
         )
     total = len(plan(config))
-    numerics = config.eval
+    numerics = config.eval.numerics
     done = [r for r in read_results(run_dir) if r.precision == numerics.precision]
     quiet = QUIET_NOTE if needs_quiet_host(config.llm, config.eval) else ""
     console.print(
         f"[bold]experiment[/] {run_dir}: {total} trajectories ({len(done)} already finished) · "
         f"variants {', '.join(config.variants)} · strategies {', '.join(config.strategies)} · {config.loop.turns} turns · "
-        f"{numerics.device} · {numerics.precision} (atol = rtol = {numerics.precision_tolerance.atol:g}"
-        f"{', TF32 allowed' if numerics.allow_tf32 else ''}) · model {config.llm.model}{quiet}",
+        f"{config.eval.device} · {numerics.describe()} · model {config.llm.model}{quiet}",
         highlight=False,
     )
     counts = {
@@ -140,8 +134,8 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
                 speed = f" {record.best_speedup:.2f}x" if record.best_speedup is not None else ""
                 progress.console.print(
                     f"{counts['done']}/{total} {record.task} {record.variant} sample {record.sample}"
-                    + ("" if record.strategy == "refine" else f" {record.strategy}")
-                    + ("" if record.precision == "fp32" else f" {record.precision}")
+                    + ("" if record.strategy == Strategy.REFINE else f" {record.strategy}")
+                    + (f" {record.precision}" if record.precision != Precision.FP32 else "")
                     + f": {record.best_status}{speed}",
                     highlight=False,
                     markup=False,

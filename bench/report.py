@@ -14,7 +14,9 @@ from rich.table import Table
 
 from kernel_refinery.bench.experiment import TrajectoryRecord, read_results
 from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.numerics import Precision
 from kernel_refinery.core.stats import RESAMPLES, SEED, Estimate
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.traces.manifest import RunManifest, read_manifest
 from kernel_refinery.traces.scoring import (  # the scores themselves live in traces/scoring.py (shared with the HTML report)
     P_VALUES,
@@ -23,7 +25,6 @@ from kernel_refinery.traces.scoring import (  # the scores themselves live in tr
     best_by_evals,
     has_strategies,
     numerics_of,
-    precision_order,
     score,
     score_strategies,
     several_precisions,
@@ -95,13 +96,8 @@ def _caption(samples: int, wide: bool, what_wide_adds: str = "every p, exact tok
 def numerics_lines(scores: list[GroupScores]) -> list[str]:
     """The report's header: each precision's tolerance and TF32 policy, one line each."""
     lines = []
-    for precision in sorted({s.precision for s in scores}, key=precision_order):
-        group = [s for s in scores if s.precision == precision]
-        tolerances = {s.tolerance for s in group}
-        tolerance = tolerances.pop() if len(tolerances) == 1 else None
-        judged = "tolerance not recorded (results from before it was)" if tolerance is None else f"atol = rtol = {tolerance:g}"
-        tf32 = "allowed" if any(s.allow_tf32 for s in group) else "off"
-        lines.append(f"precision {precision}: {judged}, TF32 {tf32}")
+    for precision in sorted({s.precision for s in scores}, key=lambda p: Precision(p).order):
+        lines.append(f"precision {numerics_of([s for s in scores if s.precision == precision]).describe()}")
     return lines
 
 
@@ -129,7 +125,7 @@ def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
         title="fast_p by level and feedback variant: share of tasks correct and faster than p times PyTorch",
         caption=_caption(samples, wide),
     )
-    strategies = len({s.strategy for s in scores}) > 1 or any(s.strategy != "refine" for s in scores)
+    strategies = len({s.strategy for s in scores}) > 1 or any(s.strategy != Strategy.REFINE for s in scores)
     precisions = several_precisions(scores)
     p_values = P_VALUES if wide else COMPACT_P
     add_number_column(table, "level", justify="left")
@@ -195,7 +191,7 @@ def render_by_turn(scores: list[GroupScores], wide: bool = False) -> Table | Non
         add_number_column(table, f"turn {k}" if wide else str(k))
     precisions = several_precisions(scores)
     for s in shown:
-        variant = s.variant + (f" {s.strategy}" if s.strategy != "refine" else "") + (f" {s.precision}" if precisions else "")
+        variant = s.variant + (f" {s.strategy}" if s.strategy != Strategy.REFINE else "") + (f" {s.precision}" if precisions else "")
         for i, (name, curve) in enumerate((("fast_1", s.fast1_by_turn_intervals), ("correct", s.correct_by_turn))):
             # A trajectory that stopped at a correct kernel keeps it: its last value holds for later turns.
             cells = [_cell(curve[min(k, len(curve)) - 1], "rate", wide) for k in turns]
@@ -287,7 +283,8 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     precisions = several_precisions(scores)
 
     def label(s: GroupScores) -> str:
-        return f"L{s.level} {s.variant}" + ("" if s.strategy == "refine" else f" {s.strategy}") + (f" {s.precision}" if precisions else "")
+        strategy = "" if s.strategy == Strategy.REFINE else f" {s.strategy}"
+        return f"L{s.level} {s.variant}{strategy}" + (f" {s.precision}" if precisions else "")
 
     line_plot(
         "fast_p.png",
@@ -331,7 +328,7 @@ def plot(scores: list[GroupScores], records: list[TrajectoryRecord], out_dir: Pa
     plt.close(fig)
 
     strategies = score_strategies(records)
-    if any(s.strategy != "refine" for s in strategies):
+    if any(s.strategy != Strategy.REFINE for s in strategies):
         fig, ax = plt.subplots(figsize=(6, 4))
         for s in strategies:
             ax.plot(range(1, len(s.best_by_evals) + 1), s.best_by_evals, marker="o", label=s.label(several_precisions(strategies)))

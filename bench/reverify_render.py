@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kernel_refinery.bench.reverify import Measured, Recheck, ReverifyPlan
+from kernel_refinery.core.numerics import Precision
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.traces.terminal import add_name_column, compact_table, print_table
 
 
@@ -60,7 +62,8 @@ def render_table(rechecks: Sequence[Recheck]) -> Table:
     add_name_column(table, "flags")
     for r in rechecks:
         t = r.trajectory
-        more = "".join(f" · {x}" for x in (t.strategy if t.strategy != "refine" else "", t.precision if t.precision != "fp32" else "") if x)
+        shown = (t.strategy if t.strategy != Strategy.REFINE else "", t.precision if t.precision != Precision.FP32 else "")
+        more = "".join(f" · {x}" for x in shown if x)
         kernel = f"{t.task} · {t.variant} · s{t.sample}{more} · turn {r.turn}\n[dim]{r.record_id}[/]"
         flags = "\n".join(f"[bold red]{f}[/]" for f in r.flags) or "[green]reproduced[/]"
         table.add_row(kernel, _measured(r.recorded), _measured(r.now), flags)

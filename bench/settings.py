@@ -123,7 +123,7 @@ def describe_validation(exc: ValidationError, flags: Mapping[str, str] | None = 
         value = error.get("input")
         if error["type"] == "extra_forbidden":
             message = "unknown setting (a typo, or a setting of another version)"
-        if flag is not None and error["type"] == "literal_error":
+        if flag is not None and error["type"] in ("literal_error", "enum"):
             expected = str(error.get("ctx", {}).get("expected", "")).replace("'", "")
             parts.append(f"{flag} must be {expected}, not {value!r}")
             continue

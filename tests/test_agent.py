@@ -66,7 +66,7 @@ def stream(
         evaluator=evaluator,
         run_dir=run_dir,
         run_id="test",
-        trajectory=TrajectoryId(task="relu", variant=config.loop.variant),
+        trajectory=TrajectoryId(task="relu", variant=str(config.loop.variant)),
     )
     visited: list[str] = []
     task = TaskSpec(name=relu_task.name, source=relu_task.source, level=1)

@@ -237,7 +237,7 @@ def test_older_records_read_as_fp32_with_unknown_tolerance(tmp_path: Path) -> No
     assert TrajectoryId(task="level1/a", variant="G").slug == "level1__a__G__s0", "fp32 traces keep their old names"
     console = Console(file=io.StringIO(), width=80, record=True)
     report(tmp_path, console=console, plots=False)
-    assert "precision fp32: tolerance not recorded" in console.export_text()
+    assert "precision fp32, tolerance not recorded" in console.export_text()
 
 
 def test_report_groups_two_precisions(tmp_path: Path) -> None:
@@ -251,8 +251,8 @@ def test_report_groups_two_precisions(tmp_path: Path) -> None:
     assert by_precision["fp32"].correct == 0.5 and by_precision["bf16"].correct == 0.75
     assert (by_precision["fp32"].tolerance, by_precision["bf16"].tolerance) == (1e-4, 1e-2)
     text = console.export_text()
-    assert "precision fp32: atol = rtol = 0.0001, TF32 off" in text, text
-    assert "precision bf16: atol = rtol = 0.01, TF32 off" in text, text
+    assert "precision fp32, atol = rtol = 0.0001, TF32 off" in text, text
+    assert "precision bf16, atol = rtol = 0.01, TF32 off" in text, text
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text, text
     table_lines = text.split("fast_p by level", 1)[1].splitlines()
     assert any(line.strip().startswith("bf16") or " bf16" in line for line in table_lines), text
@@ -324,7 +324,7 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
     assert len(read_results(run_dir)) == 2
     assert {p: n.tolerance for p, n in read_precisions(run_dir).items()} == {"fp32": 1e-4, "bf16": 1e-2}
     # A precision the directory holds keeps its tolerance and TF32 policy; other settings stay refused.
-    with pytest.raises(RunDirError, match=r"bf16 trajectories judged at atol = rtol = 0.01, TF32 off"):
+    with pytest.raises(RunDirError, match=r"trajectories judged at bf16, atol = rtol = 0.01, TF32 off"):
         prepare_run_dir(run_dir, experiment(precision="bf16", tolerance=0.05))
     with pytest.raises(RunDirError, match="TF32 allowed"):
         prepare_run_dir(run_dir, experiment(allow_tf32=True))

@@ -156,7 +156,7 @@ def test_what_a_recheck_flags() -> None:
 
 def test_the_settings_a_recheck_runs_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kernel_refinery.agent.config import RunConfig
-    from kernel_refinery.bench.experiment import Numerics
+    from kernel_refinery.bench.experiment import HeldPrecision
     from kernel_refinery.bench.reverify import eval_config_for, run_eval_config
     from kernel_refinery.core.errors import RunDirError
 
@@ -169,7 +169,7 @@ def test_the_settings_a_recheck_runs_with(tmp_path: Path, monkeypatch: pytest.Mo
     # A precision the run holds is judged at its recorded tolerance and TF32 policy, with the given
     # seed, this machine's cache, and every reference timed anew.
     monkeypatch.setenv("REFINERY_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "precisions.json").write_text(json.dumps({"fp16": Numerics(tolerance=0.05, allow_tf32=True).model_dump()}))
+    (tmp_path / "precisions.json").write_text(json.dumps({"fp16": HeldPrecision(tolerance=0.05, allow_tf32=True).model_dump()}))
     fp16 = eval_config_for(base, "fp16", tmp_path, seed=123)
     assert (fp16.precision, fp16.precision_tolerance.atol, fp16.allow_tf32, fp16.seed, fp16.trials) == ("fp16", 0.05, True, 123, 13)
     assert fp16.cache_dir == tmp_path / "cache" and fp16.remeasure_baselines

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel_refinery.core.numerics import Numerics, Precision
+
 Device = Literal["cpu", "cuda"]
 
 
@@ -17,8 +19,6 @@ class Tolerance(BaseModel):
     rtol: float
 
 
-Precision = Literal["fp32", "fp16", "bf16"]
-PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 REDUCED_PRECISION_TOLERANCE = 1e-2
 """What TF32, bf16 or fp16 arithmetic typically reaches: the paper's fp32 tolerance."""
 
@@ -91,7 +91,7 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     device: Device = "cpu"
-    precision: Precision = "fp32"
+    precision: Precision = Precision.FP32
     """Floating-point inputs, parameters and buffers of both models are cast to this, as KernelBench does."""
     tolerance: float | None = Field(None, gt=0, allow_inf_nan=False)
     """atol = rtol for every floating dtype instead of the per-dtype table (e.g. the paper's 1e-2)."""
@@ -146,7 +146,7 @@ class EvalConfig(BaseModel):
 
     @property
     def dtype_name(self) -> str:
-        return PRECISION_DTYPES[self.precision]
+        return Precision(self.precision).dtype_name  # Precision(): model_copy(update=...) may have set a string
 
     @property
     def precision_tolerance(self) -> Tolerance:
@@ -154,6 +154,12 @@ class EvalConfig(BaseModel):
         tol = self.tolerance_for(self.dtype_name)
         assert tol is not None, f"no tolerance for {self.dtype_name}"
         return tol
+
+    @property
+    def numerics(self) -> Numerics:
+        """The precision, the tolerance in force for its outputs and the TF32 policy: what a result is judged at."""
+        tol = self.precision_tolerance
+        return Numerics(precision=self.precision, atol=tol.atol, rtol=tol.rtol, allow_tf32=self.allow_tf32)
 
     @property
     def kernel_backend(self) -> str:

@@ -24,6 +24,7 @@ from pygments.lexers import CppLexer, CudaLexer, DiffLexer, PythonLexer
 from pygments.token import String
 
 from kernel_refinery.core.stats import METHOD, Estimate
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.core.verdict import Verdict, best
 from kernel_refinery.traces.inspect import (
     Trajectory,
@@ -336,7 +337,7 @@ def _several(values: Iterable[object]) -> bool:
 
 def grid_columns(ids: Sequence[TrajectoryId]) -> tuple[GridColumn, ...]:
     """Variant × strategy × precision, as the run holds them; a column names only what varies."""
-    strategies = _several(i.strategy for i in ids) or any(i.strategy != "refine" for i in ids)
+    strategies = _several(i.strategy for i in ids) or any(i.strategy != Strategy.REFINE for i in ids)
     precisions = _several(i.precision for i in ids)
     kinds = sorted({i.without("task", "sample") for i in ids})
     columns = []
@@ -364,7 +365,7 @@ def fast_p_rows(summaries: Sequence[TrajectorySummary]) -> tuple[FastPRow, ...]:
     run's results (traces/scoring.py), from each trajectory's record built from its trace."""
     scores = score([s.record() for s in summaries])
     levels = _several(g.level for g in scores)
-    strategies = _several(g.strategy for g in scores) or any(g.strategy != "refine" for g in scores)
+    strategies = _several(g.strategy for g in scores) or any(g.strategy != Strategy.REFINE for g in scores)
     precisions = _several(g.precision for g in scores)
     rows = []
     for g in scores:

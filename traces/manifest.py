@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.numerics import Numerics
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -80,6 +81,10 @@ class EvalFacts(Frozen):
     seed: int
     """The first seed of inputs and weights (not compared: reverify draws fresh ones on purpose)."""
 
+    @property
+    def numerics(self) -> Numerics:
+        return Numerics.recorded(self.precision, self.tolerance, self.allow_tf32)
+
 
 class TaskFile(Frozen):
     key: str
@@ -113,9 +118,8 @@ class RunManifest(Frozen):
         s = self.software
         torch = f"torch {s.torch or 'absent'}" + (f" CUDA {s.cuda}" if s.cuda else "") + (f" HIP {s.hip}" if s.hip else "")
         e = self.eval
-        numerics = f"{e.precision}, atol = rtol = {e.tolerance:g}" + (", TF32 allowed" if e.allow_tf32 else "")
         timing = f"{e.timing} timing, speedups against {e.baseline}"
-        return f"{commit} · {device} · {torch} · {numerics} · {timing}"
+        return f"{commit} · {device} · {torch} · {e.numerics.describe()} · {timing}"
 
 
 class Difference(Frozen):

@@ -14,6 +14,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from kernel_refinery.core.numerics import Numerics, Precision
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.core.verdict import Judged, Verdict, best
 from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
 from kernel_refinery.traces.schema import TrajectoryId
@@ -54,14 +56,21 @@ class TrajectoryRecord(BaseModel):
     per_turn: tuple[TurnOutcome, ...]
     """Each turn's verdict and speedup, for fast_p against the turn; in evaluation order for search
     strategies, so it also gives the best speedup per evaluation spent."""
-    strategy: str = "refine"
+    strategy: Strategy = Strategy.REFINE
     evals: int | None = None
     """Candidate evaluations spent; None in results written before strategies (count per_turn)."""
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
     """fp32, fp16 or bf16 (results written before precisions were fp32)."""
     tolerance: float | None = None
     """atol = rtol in force for outputs of that precision; None in results written before it was recorded."""
     allow_tf32: bool = False
+    # The numerics stay three flat fields, not an embedded Numerics: results.jsonl keeps the format
+    # older runs wrote and older versions read; `numerics` gives them as the one value.
+
+    @property
+    def numerics(self) -> Numerics:
+        """The precision, tolerance and TF32 policy the record's kernels were judged at."""
+        return Numerics.recorded(self.precision, self.tolerance, self.allow_tf32)
 
     @property
     def id(self) -> TrajectoryId:

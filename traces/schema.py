@@ -14,6 +14,8 @@ from typing import Any
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel_refinery.core.numerics import Precision
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.core.verdict import Verdict
 from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
 
@@ -67,8 +69,8 @@ class TrajectoryId(BaseModel):
     task: str
     variant: str
     sample: int = 0
-    strategy: str = "refine"
-    precision: str = "fp32"
+    strategy: Strategy = Strategy.REFINE
+    precision: Precision = Precision.FP32
     """fp32, fp16 or bf16 (records written before precisions were fp32): one run directory can hold
     the same task, variant and sample at two precisions, each with its own trace and checkpoint."""
 
@@ -91,7 +93,7 @@ class TrajectoryId(BaseModel):
     @property
     def qualifier(self) -> str:
         """What sets it apart beyond task, variant and sample: " (beam, bf16)"; "" for refine at fp32."""
-        parts = [p for p in (self.strategy != "refine" and self.strategy, self.precision != "fp32" and self.precision) if p]
+        parts = [p for p in (self.strategy != Strategy.REFINE and self.strategy, self.precision != Precision.FP32 and self.precision) if p]
         return f" ({', '.join(parts)})" if parts else ""
 
     @property
@@ -108,9 +110,9 @@ class TrajectoryId(BaseModel):
     def slug(self) -> str:
         safe = self.task.replace("/", "__")
         variant = self.variant.replace("+", "")
-        suffix = "" if self.strategy == "refine" else f"__{self.strategy}"
+        suffix = "" if self.strategy == Strategy.REFINE else f"__{self.strategy}"
         # fp32 keeps the name traces had before precisions, so older runs resume into the same files.
-        precision = "" if self.precision == "fp32" else f"__{self.precision}"
+        precision = f"__{self.precision}" if self.precision != Precision.FP32 else ""
         return f"{safe}__{variant}__s{self.sample}{suffix}{precision}"
 
 

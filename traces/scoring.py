@@ -18,25 +18,22 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from kernel_refinery.core.numerics import Numerics, Precision
 from kernel_refinery.core.stats import Estimate, geomean_estimate, rate_estimate
+from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.core.verdict import Verdict
 from kernel_refinery.tools.metrics import TaskOutcome, compile_rate, correctness_rate, fast_p, fast_p_at_k, geomean_speedup
 from kernel_refinery.traces.outcome import TrajectoryRecord, TurnOutcome
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
-PRECISIONS = ("fp32", "fp16", "bf16")
 
 
-def precision_order(precision: str) -> tuple[int, str]:
-    """fp32, fp16, bf16, then any other, so one precision's row sits next to the other's."""
-    return (PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS), precision)
-
-
-def numerics_of(records: list[TrajectoryRecord]) -> tuple[float | None, bool]:
-    """The tolerance and TF32 policy of one precision's records: (None, …) where none recorded one
-    (results from before it was recorded) or they disagree."""
+def numerics_of(records: Sequence[TrajectoryRecord | GroupScores]) -> Numerics:
+    """The numerics of one precision's records (or groups): the tolerance None where none recorded
+    one (results from before it was recorded) or they disagree; TF32 allowed where any allowed it."""
     tolerances = {r.tolerance for r in records}
-    return (tolerances.pop() if len(tolerances) == 1 else None), any(r.allow_tf32 for r in records)
+    precision = records[0].precision if records else Precision.FP32
+    return Numerics.recorded(precision, tolerances.pop() if len(tolerances) == 1 else None, any(r.allow_tf32 for r in records))
 
 
 class GroupScores(BaseModel):
@@ -53,7 +50,7 @@ class GroupScores(BaseModel):
     tokens: int
     fast_p_at_k: dict[str, dict[str, float]] = {}
     fast1_by_turn: list[float] = []
-    strategy: str = "refine"
+    strategy: Strategy = Strategy.REFINE
     samples: int = 1
     intervals: dict[str, Estimate] = {}
     """95% intervals, keyed fast_0 … fast_2, correct, compiled, geomean. Over all samples of each
@@ -62,7 +59,7 @@ class GroupScores(BaseModel):
     correct_by_turn: list[Estimate] = []
     """Share of tasks with a correct kernel within the first k turns, k = 1, 2, ...; empty in reports
     made before it was kept."""
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
     tolerance: float | None = None
     """atol = rtol the group's results were judged at; None where the results do not record it."""
     allow_tf32: bool = False
@@ -88,8 +85,8 @@ class StrategyScores(BaseModel):
     one per precision where the run holds several."""
 
     model_config = ConfigDict(frozen=True)
-    strategy: str
-    precision: str = "fp32"
+    strategy: Strategy
+    precision: Precision = Precision.FP32
     trajectories: int
     fast_p: dict[str, float]
     correct: float
@@ -203,7 +200,7 @@ def score_strategies(records: list[TrajectoryRecord]) -> list[StrategyScores]:
             by_strategy[r.id.without("task", "variant", "sample")].append(r)
     horizon = max((r.evaluations for r in records), default=0)
     scores = []
-    for group in sorted(by_strategy.values(), key=lambda g: (g[0].strategy, precision_order(g[0].precision))):
+    for group in sorted(by_strategy.values(), key=lambda g: (g[0].strategy, Precision(g[0].precision).order)):
         strategy, precision = group[0].strategy, group[0].precision
         outcomes = [_outcome(r) for r in group]
         scores.append(
@@ -230,7 +227,7 @@ def group_records(records: Sequence[TrajectoryRecord]) -> list[list[TrajectoryRe
     groups: dict[tuple[int | str, ...], list[TrajectoryRecord]] = defaultdict(list)
     for r in records:
         groups[(r.level, *r.id.without("task", "sample"))].append(r)
-    return sorted(groups.values(), key=lambda g: (g[0].level, g[0].variant, g[0].strategy, precision_order(g[0].precision)))
+    return sorted(groups.values(), key=lambda g: (g[0].level, g[0].variant, g[0].strategy, Precision(g[0].precision).order))
 
 
 def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
@@ -238,7 +235,7 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
     scores = []
     for group in group_records(records):
         level, variant, strategy, precision = group[0].level, group[0].variant, group[0].strategy, group[0].precision
-        tolerance, allow_tf32 = numerics_of(group)
+        numerics = numerics_of(group)
         first = [r for r in group if r.sample == 0]
         tasks = sorted({r.task for r in group})
         outcomes = [_outcome(r) for r in first]
@@ -267,8 +264,8 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 fast1_by_turn_intervals=fast1_curve,
                 correct_by_turn=_by_turn(first, tasks, _correct_within),
                 precision=precision,
-                tolerance=tolerance,
-                allow_tf32=allow_tf32,
+                tolerance=numerics.tolerance,
+                allow_tf32=numerics.allow_tf32,
                 fast_1_within_noise=sum(1 for r in first if _faster_than(1.0)(r) and r.best_within_noise),
             )
         )
@@ -280,4 +277,4 @@ def several_precisions(scores: list[GroupScores] | list[StrategyScores]) -> bool
 
 
 def has_strategies(strategies: list[StrategyScores]) -> bool:
-    return len({s.strategy for s in strategies}) > 1 or any(s.strategy != "refine" for s in strategies)
+    return len({s.strategy for s in strategies}) > 1 or any(s.strategy != Strategy.REFINE for s in strategies)

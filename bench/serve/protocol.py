@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kernel_refinery.core.numerics import Precision
 from kernel_refinery.tools.config import EvalConfig, Guards
 from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
 
@@ -24,7 +25,7 @@ class RequestSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    precision: Literal["fp32", "fp16", "bf16"] | None = None
+    precision: Precision | None = None
     tolerance: float | None = Field(None, gt=0)
     allow_tf32: bool | None = None
     backend: Literal["cpp", "cuda", "triton"] | None = None
