@@ -81,7 +81,7 @@ class Evaluator:
     def _setting(self) -> dict[str, object]:
         """What every result records of how it was judged."""
         cfg = self.config
-        return {"device": cfg.device, "precision": cfg.precision, "tolerance": cfg.precision_tolerance.rtol, "allow_tf32": cfg.allow_tf32}
+        return {"device": cfg.device, "precision": cfg.precision, "tolerance": cfg.numerics.tolerance, "allow_tf32": cfg.allow_tf32}
 
     def _run_worker_stages(self, task: TaskProgram, candidate: str, stages: tuple[Stage, ...]) -> tuple[JobReply, str]:
         """Load (compile) in the candidate's runner when asked or not yet done there, then the device

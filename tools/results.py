@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel_refinery.core.numerics import Numerics
 from kernel_refinery.core.verdict import EvalStatus
 
 # NaN and inf as the strings "NaN" and "Infinity" in JSON: pydantic's default writes null, which
@@ -279,8 +280,7 @@ class EvalResult(Frozen):
 
     def judged_at(self) -> str:
         """`fp16, atol = rtol = 0.01, TF32 off`: the precision and tolerance the result was judged at."""
-        tolerance = "tolerance not recorded" if self.tolerance is None else f"atol = rtol = {self.tolerance:g}"
-        return f"{self.precision}, {tolerance}, TF32 {'allowed' if self.allow_tf32 else 'off'}"
+        return Numerics.recorded(self.precision, self.tolerance, self.allow_tf32).describe()
 
     def headline(self) -> str:
         if self.status is EvalStatus.CORRECT and self.timing is not None:
