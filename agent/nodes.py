@@ -8,24 +8,22 @@ runtime context, so tests pass a scripted model and the real evaluator.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langgraph.runtime import Runtime
 
 from kernel_refinery.agent.budget import Budget
 from kernel_refinery.agent.chat.llm import TASK_KEY, TURN_KEY, ChatReply, call_model
 from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.context import RunContext
 from kernel_refinery.agent.extract import extract_candidate
 from kernel_refinery.agent.prompting import PromptFrame
-from kernel_refinery.agent.quiet import QuietHost
 from kernel_refinery.agent.state import Attempt, Outcome, RefineState, TurnState
 from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.processes.jobs import TaskProgram
@@ -36,47 +34,36 @@ from kernel_refinery.traces.store import append_turn
 log = structlog.get_logger()
 
 
-class CandidateEvaluator(Protocol):
-    """What the loop needs of an evaluator: tools.evaluator.Evaluator, tools.processes.pool.EvaluatorPool and
-    bench.ray_pool.RayEvaluatorPool each fit (a pool's `run` is thread-safe)."""
-
-    def run(self, task: TaskProgram, candidate: str, stages: Sequence[Stage]) -> EvalResult: ...
-
-    def nsight(self, task: TaskProgram, candidate: str) -> EvalResult: ...
-
-
 @dataclass
 class AgentContext:
-    """What the nodes need besides the state; never checkpointed."""
+    """What one trajectory's nodes need besides the state: the run's context, the trajectory's id
+    and its share of the budget; never checkpointed."""
 
-    config: RunConfig
-    model: BaseChatModel
-    evaluator: CandidateEvaluator
-    run_dir: Path
-    run_id: str
+    run: RunContext
     trajectory: TrajectoryId
-    hardware: str | None = None
-    on_turn: Callable[[Attempt], None] | None = None
     budget: Budget = field(default_factory=Budget)
     """Evaluations and tokens left; shared by every trajectory of one strategy run."""
-    host: QuietHost = field(default_factory=lambda: QuietHost(enabled=False))
-    """Shared by every trajectory of a run: LLM calls and evaluations take turns where it is in force."""
+
+    @property
+    def config(self) -> RunConfig:
+        return self.run.config
 
     @cached_property
     def prompts(self) -> PromptFrame:
-        return PromptFrame.of(self.config, self.hardware)
+        return PromptFrame.of(self.run.config, self.run.hardware)
 
     def ask(self, messages: Sequence[BaseMessage], metadata: dict[str, Any]) -> ChatReply:
         """One model call, charged to the budget (every call of a run goes through here)."""
-        with self.host.llm_call():
-            reply = call_model(self.model, messages, self.config.llm, config={"metadata": metadata})
+        with self.run.host.llm_call():
+            reply = call_model(self.run.model, messages, self.run.config.llm, config={"metadata": metadata})
         self.budget.spend_tokens(reply.tokens.total)
         return reply
 
     def evaluate(self, task: TaskProgram, code: str, stages: tuple[Stage, ...] | None = None) -> EvalResult:
         """Evaluator stages for a candidate (None: the Nsight Compute pass)."""
-        with self.host.evaluation():
-            return self.evaluator.nsight(task, code) if stages is None else self.evaluator.run(task, code, stages)
+        evaluator = self.run.evaluator
+        with self.run.host.evaluation():
+            return evaluator.nsight(task, code) if stages is None else evaluator.run(task, code, stages)
 
 
 def _draft(state: TurnState | RefineState) -> Attempt:
@@ -161,9 +148,9 @@ def record(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
         draft = draft.model_copy(update={"tokens": draft.tokens + carried})
     place = state.get("place")
     append_turn(
-        ctx.run_dir,
+        ctx.run.run_dir,
         TurnRecord(
-            run_id=ctx.run_id,
+            run_id=ctx.run.run_id,
             trajectory=ctx.trajectory,
             level=state["task"].level,
             turn=draft.turn,
@@ -181,8 +168,8 @@ def record(state: TurnState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             idea=state.get("idea"),
         ),
     )
-    if ctx.on_turn is not None:
-        ctx.on_turn(draft)
+    if ctx.run.on_turn is not None:
+        ctx.run.on_turn(draft)
     log.info("node", node="record", task=state["task"].name, turn=draft.turn, status=draft.verdict.value)
     return {"draft": draft}
 

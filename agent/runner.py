@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -19,10 +17,9 @@ from langgraph.types import StateSnapshot
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from kernel_refinery.agent.budget import Budget
-from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.context import RunContext
 from kernel_refinery.agent.graph import build_graph
-from kernel_refinery.agent.nodes import AgentContext, CandidateEvaluator
-from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.nodes import AgentContext
 from kernel_refinery.agent.state import Attempt, Outcome, RefineInput, RefineState, TaskSpec, best_attempt
 from kernel_refinery.traces.schema import TokenUsage, TrajectoryId
 from kernel_refinery.traces.store import trace_path
@@ -115,45 +112,22 @@ def open_checkpointer(run_dir: Path) -> SqliteSaver:
     return SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=_state_types()))
 
 
-def run_trajectory(
-    task: TaskSpec,
-    config: RunConfig,
-    model: BaseChatModel,
-    evaluator: CandidateEvaluator,
-    run_dir: Path,
-    trajectory: TrajectoryId,
-    run_id: str,
-    hardware: str | None = None,
-    resume: bool = True,
-    on_turn: Callable[[Attempt], None] | None = None,
-    budget: Budget | None = None,
-    host: QuietHost | None = None,
-) -> TrajectoryResult:
+def run_trajectory(run: RunContext, task: TaskSpec, trajectory: TrajectoryId, budget: Budget | None = None) -> TrajectoryResult:
     """Run (or resume, or just read back) one trajectory to its end.
 
     With a budget, what the checkpoint already spent is charged to it first, and a trajectory
     whose budget is spent does not start.
     """
     budget = budget if budget is not None else Budget()
+    run_dir = run.run_dir
     saver = open_checkpointer(run_dir)
     with closing(saver.conn):
         graph = build_graph(checkpointer=saver)
-        thread: RunnableConfig = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 4 * config.loop.turns + 20}
-        ctx = AgentContext(
-            config=config,
-            model=model,
-            evaluator=evaluator,
-            run_dir=Path(run_dir),
-            run_id=run_id,
-            trajectory=trajectory,
-            hardware=hardware,
-            on_turn=on_turn,
-            budget=budget,
-            host=host or QuietHost(enabled=False),
-        )
+        thread: RunnableConfig = {"configurable": {"thread_id": trajectory.slug}, "recursion_limit": 4 * run.config.loop.turns + 20}
+        ctx = AgentContext(run=run, trajectory=trajectory, budget=budget)
         snapshot = graph.get_state(thread, subgraphs=True)
         started = bool(snapshot.values)
-        if started and not resume:
+        if started and not run.resume:
             raise FileExistsError(
                 f"trajectory {trajectory.slug} already has a checkpoint in {run_dir}; pass --resume to continue it "
                 "or choose another --run-dir"

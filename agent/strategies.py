@@ -16,19 +16,16 @@ any strategy; see agent/budget.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from langchain_core.language_models import BaseChatModel
 
 from kernel_refinery.agent.budget import Budget
 from kernel_refinery.agent.chat.llm import CALL_KEY, TASK_KEY, TURN_KEY
-from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.context import RunContext
 from kernel_refinery.agent.graph import TURN
-from kernel_refinery.agent.nodes import AgentContext, CandidateEvaluator
-from kernel_refinery.agent.quiet import QuietHost
+from kernel_refinery.agent.nodes import AgentContext
 from kernel_refinery.agent.runner import AttemptsSummary, TrajectoryResult, run_trajectory
 from kernel_refinery.agent.state import Attempt, TaskSpec, TreePlace, TurnInput
 from kernel_refinery.core.strategy import Strategy
@@ -54,61 +51,30 @@ class StrategyResult(AttemptsSummary):
         return self.traces[0]
 
 
-@dataclass(frozen=True)
-class StrategyRun:
-    """One strategy run's fixed inputs (the live objects its turns run with)."""
-
-    task: TaskSpec
-    config: RunConfig
-    model: BaseChatModel
-    evaluator: CandidateEvaluator
-    run_dir: Path
-    trajectory: TrajectoryId
-    run_id: str
-    hardware: str | None = None
-    resume: bool = True
-    on_turn: Callable[[Attempt], None] | None = None
-    host: QuietHost = field(default_factory=lambda: QuietHost(enabled=False))
-    """Shared by every run of an experiment (agent/quiet.py)."""
-
-
-def run_strategy(run: StrategyRun, budget: Budget | None = None) -> StrategyResult:
+def run_strategy(run: RunContext, task: TaskSpec, trajectory: TrajectoryId, budget: Budget | None = None) -> StrategyResult:
     """Run the config's strategy on one task within the config's budget (or the one given)."""
-    search = run.config.search
+    config = run.config
+    search = config.search
     budget = budget if budget is not None else Budget(max_evals=search.budget_evals, max_tokens=search.budget_tokens)
-    trajectory = run.trajectory.model_copy(update={"strategy": run.config.strategy})
-    run = replace(run, trajectory=trajectory)
-    if run.config.strategy == Strategy.BEAM:
-        return run_beam(run, budget)
-    samples = search.n if run.config.strategy == Strategy.BEST_OF_N else 1
+    trajectory = trajectory.model_copy(update={"strategy": config.strategy})
+    if config.strategy is Strategy.BEAM:
+        return run_beam(run, task, trajectory, budget)
+    samples = search.n if config.strategy is Strategy.BEST_OF_N else 1
     attempts: list[Attempt] = []
     tokens = TokenUsage()
     traces: list[Path] = []
     for index in range(samples):
-        if not budget.can_generate() or any(a.reaches(run.config.loop.target_speedup) for a in attempts):
+        if not budget.can_generate() or any(a.reaches(config.loop.target_speedup) for a in attempts):
             break
         # Each sample gets an equal share of what is left, so early samples cannot starve late ones.
         share = budget.share(samples - index) if samples > 1 else budget
         sample = trajectory.model_copy(update={"sample": trajectory.sample * samples + index}) if samples > 1 else trajectory
-        result: TrajectoryResult = run_trajectory(
-            run.task,
-            run.config,
-            run.model,
-            run.evaluator,
-            run.run_dir,
-            sample,
-            run_id=run.run_id,
-            hardware=run.hardware,
-            resume=run.resume,
-            on_turn=run.on_turn,
-            budget=share,
-            host=run.host,
-        )
+        result: TrajectoryResult = run_trajectory(run, task, sample, budget=share)
         attempts.extend(result.attempts)
         tokens = tokens + result.tokens
         traces.append(result.trace)
     return StrategyResult(
-        strategy=run.config.strategy,
+        strategy=config.strategy,
         trajectory=trajectory,
         attempts=tuple(attempts),
         tokens=tokens,
@@ -158,22 +124,11 @@ def select_seeds(nodes: list[BeamNode], width: int) -> list[BeamNode]:
     return [with_code[i] for i in order[:width]]
 
 
-def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
+def run_beam(run: RunContext, task: TaskSpec, trajectory: TrajectoryId, budget: Budget) -> StrategyResult:
     search = run.config.search
     config = run.config.model_copy(update={"loop": run.config.loop.model_copy(update={"turns": search.rounds})})
-    ctx = AgentContext(
-        config=config,
-        model=run.model,
-        evaluator=run.evaluator,
-        run_dir=run.run_dir,
-        run_id=run.run_id,
-        trajectory=run.trajectory,
-        hardware=run.hardware,
-        on_turn=run.on_turn,
-        budget=budget,
-        host=run.host,
-    )
-    path = trace_path(run.run_dir, run.trajectory)
+    ctx = AgentContext(run=run.with_config(config), trajectory=trajectory, budget=budget)
+    path = trace_path(run.run_dir, trajectory)
     # Beam search keeps no checkpoint: an unfinished one starts again, so its old records go.
     path.unlink(missing_ok=True)
     nodes: list[BeamNode] = []
@@ -190,19 +145,19 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
                 break
             parent_id = seed.node_id if seed else None
             tried = [n.idea for n in nodes if n.parent_id == parent_id and n.idea]
-            messages = ctx.prompts.ideas(run.task, seed.attempt if seed else None, tried, search.ideas)
-            reply = ctx.ask(messages, {TURN_KEY: round_no, TASK_KEY: run.trajectory.task, CALL_KEY: "ideas"})
+            messages = ctx.prompts.ideas(task, seed.attempt if seed else None, tried, search.ideas)
+            reply = ctx.ask(messages, {TURN_KEY: round_no, TASK_KEY: trajectory.task, CALL_KEY: "ideas"})
             tokens = tokens + reply.tokens
             # Without a usable list the kernel call still runs, as a plain refinement step.
             ideas: list[str | None] = list(parse_ideas(reply.text, search.ideas)) or [None]
             carried = reply.tokens  # the idea call's tokens go on its first kernel's record, so the trace adds up
-            log.info("beam_ideas", task=run.task.name, round=round_no, parent=parent_id, ideas=len(ideas))
+            log.info("beam_ideas", task=task.name, round=round_no, parent=parent_id, ideas=len(ideas))
             for idea in ideas:
                 if stop():
                     break
                 place = TreePlace(node_id=f"r{round_no}-{index:02d}", parent_id=parent_id)
                 child: TurnInput = {
-                    "task": run.task,
+                    "task": task,
                     "turn": round_no - 1,
                     "attempts": [seed.attempt] if seed else [],
                     "idea": idea,
@@ -217,7 +172,7 @@ def run_beam(run: StrategyRun, budget: Budget) -> StrategyResult:
         if stop():
             break
         seeds = list(select_seeds(nodes, search.beam_width)) or [None]
-        log.info("beam_round", task=run.task.name, round=round_no, seeds=[s.node_id for s in seeds if s is not None])
+        log.info("beam_round", task=task.name, round=round_no, seeds=[s.node_id for s in seeds if s is not None])
     return StrategyResult(
-        strategy=Strategy.BEAM, trajectory=run.trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,)
+        strategy=Strategy.BEAM, trajectory=trajectory, attempts=tuple(n.attempt for n in nodes), tokens=tokens, traces=(path,)
     )

@@ -30,10 +30,10 @@ from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings, Variant, check_temperature
-from kernel_refinery.agent.nodes import CandidateEvaluator
+from kernel_refinery.agent.context import CandidateEvaluator, RunContext
 from kernel_refinery.agent.quiet import QuietHost
 from kernel_refinery.agent.state import TaskSpec
-from kernel_refinery.agent.strategies import StrategyResult, StrategyRun, run_strategy
+from kernel_refinery.agent.strategies import StrategyResult, run_strategy
 from kernel_refinery.bench.settings import describe_validation, load_settings, nest_flat_keys
 from kernel_refinery.bench.tasks import Task, load_suite, resolve_suite
 from kernel_refinery.core.errors import ConfigError, RunDirError
@@ -382,7 +382,7 @@ def _record_manifest(run_dir: Path, config: ExperimentConfig) -> list[Difference
 def run_experiment(
     config: ExperimentConfig,
     run_dir: Path,
-    model_factory: Callable[[], BaseChatModel],
+    model: BaseChatModel,
     evaluator: CandidateEvaluator,
     on_done: Callable[[TrajectoryRecord], None] | None = None,
     hardware: str | None = None,
@@ -390,8 +390,8 @@ def run_experiment(
     """Run every planned trajectory not already in results.jsonl; returns all records of the
     experiment's precision (others the run directory holds are left as they are).
 
-    `model_factory` gives a chat model per trajectory (they run in parallel threads), and
-    `evaluator` is shared: a pool whose `run` is thread-safe. Where the embedded model shares the
+    One context (agent/context.py) serves every trajectory: the chat `model`, called from parallel
+    threads, and the `evaluator`, a pool whose `run` is thread-safe; a trajectory swaps in its config. Where the embedded model shares the
     CPU with the evaluator, every trajectory's LLM calls and evaluations take turns (agent/quiet.py).
     """
     eval_config = config.eval
@@ -401,23 +401,23 @@ def run_experiment(
     todo = [planned for planned in plan(config) if planned.id not in finished]
     writer = ResultsWriter(run_dir)
     run_id = Path(run_dir).name or uuid.uuid4().hex[:8]
+    base = RunContext(
+        config=config.run_config(config.variants[0], config.strategies[0]),
+        model=model,
+        evaluator=evaluator,
+        run_dir=run_dir,
+        run_id=run_id,
+        hardware=hardware,
+        resume=True,
+        host=host,
+    )
 
     def one(planned: PlannedTrajectory) -> TrajectoryRecord:
         task, trajectory = planned.task, planned.id
         spec = TaskSpec(name=task.name, source=task.source_for(eval_config.device), level=task.level)
-        run = StrategyRun(
-            task=spec,
-            config=config.run_config(trajectory.variant, trajectory.strategy),
-            model=model_factory(),
-            evaluator=evaluator,
-            run_dir=run_dir,
-            trajectory=trajectory,
-            run_id=run_id,
-            hardware=hardware,
-            resume=True,
-            host=host,
-        )
-        record = record_of(task, trajectory.variant, trajectory.sample, run_strategy(run), trajectory.strategy, eval_config)
+        run = base.with_config(config.run_config(trajectory.variant, trajectory.strategy))
+        result = run_strategy(run, spec, trajectory)
+        record = record_of(task, trajectory.variant, trajectory.sample, result, trajectory.strategy, eval_config)
         writer.append(record)
         return record
 

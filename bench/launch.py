@@ -11,10 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kernel_refinery.agent.chat.models import open_chat_model
 from kernel_refinery.agent.config import RunConfig, needs_quiet_host
-from kernel_refinery.agent.nodes import CandidateEvaluator
+from kernel_refinery.agent.context import CandidateEvaluator, RunContext
 from kernel_refinery.agent.quiet import QuietHost
 from kernel_refinery.agent.state import Attempt, TaskSpec
-from kernel_refinery.agent.strategies import StrategyRun, run_strategy
+from kernel_refinery.agent.strategies import run_strategy
 from kernel_refinery.bench.experiment import (
     ExperimentConfig,
     TrajectoryRecord,
@@ -73,21 +73,18 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
         console.print(turn_line(attempt, config.loop.turns))
 
     with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
-        result = run_strategy(
-            StrategyRun(
-                task=TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level),
-                config=config,
-                model=chat,
-                evaluator=evaluator,
-                run_dir=run_dir,
-                trajectory=trajectory,
-                run_id=run_dir.name,
-                hardware=describe(config.eval.device).block(),
-                resume=resume,
-                on_turn=on_turn,
-                host=QuietHost.for_settings(config.llm, config.eval),
-            )
+        run = RunContext(
+            config=config,
+            model=chat,
+            evaluator=evaluator,
+            run_dir=run_dir,
+            run_id=run_dir.name,
+            hardware=describe(config.eval.device).block(),
+            resume=resume,
+            on_turn=on_turn,
+            host=QuietHost.for_settings(config.llm, config.eval),
         )
+        result = run_strategy(run, TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level), trajectory)
     print_trajectory_end(console, result)
 
 
@@ -143,7 +140,7 @@ def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool
 
         pool = make_pool(config)
         try:
-            run_experiment(config, run_dir, lambda: chat, pool, on_done=on_done, hardware=describe(config.eval.device).block())
+            run_experiment(config, run_dir, chat, pool, on_done=on_done, hardware=describe(config.eval.device).block())
         finally:
             pool.close()
     report(run_dir, console=console, wide=wide)

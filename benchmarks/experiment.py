@@ -66,7 +66,7 @@ def experiment(
         for slot in pool.slots:  # workers started before the clock runs
             slot.evaluator.worker.start()
         started = time.perf_counter()
-        records = run_experiment(config, run_dir, lambda: model, pool)
+        records = run_experiment(config, run_dir, model, pool)
         wall = time.perf_counter() - started
     turns_run = 0
     accounted = 0.0

@@ -122,7 +122,7 @@ class Experiment:
         with open_chat_model(self.config.llm) as chat:
             pool = make_pool(self.config)
             try:
-                return run_experiment(self.config, self.run_dir, lambda: chat, pool, hardware=describe(self.config.eval.device).block())
+                return run_experiment(self.config, self.run_dir, chat, pool, hardware=describe(self.config.eval.device).block())
             finally:
                 pool.close()
 

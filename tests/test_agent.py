@@ -14,6 +14,7 @@ from candidates import candidate
 from kernel_refinery.agent.chat.llm import build_chat_model
 from kernel_refinery.agent.chat.scripted import scripted_model
 from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig
+from kernel_refinery.agent.context import RunContext
 from kernel_refinery.agent.graph import ROUTES, build_graph
 from kernel_refinery.agent.nodes import AgentContext
 from kernel_refinery.agent.runner import checkpoint_path, open_checkpointer, run_trajectory
@@ -61,11 +62,7 @@ def stream(
     """Run the graph, returning the nodes in the order visited (the turn subgraph's, then decide) and the final state."""
     graph = build_graph()
     ctx = AgentContext(
-        config=config,
-        model=scripted_model(replies),
-        evaluator=evaluator,
-        run_dir=run_dir,
-        run_id="test",
+        run=RunContext(config=config, model=scripted_model(replies), evaluator=evaluator, run_dir=run_dir, run_id="test"),
         trajectory=TrajectoryId(task="relu", variant=str(config.loop.variant)),
     )
     visited: list[str] = []
@@ -152,13 +149,9 @@ def test_budget_is_respected(cpu_config: EvalConfig, evaluator: Evaluator, relu_
     model = scripted_model([reply(WRONG)])
     config = make_config(cpu_config, "G+E", turns=2)
     result = run_trajectory(
+        RunContext(config=config, model=model, evaluator=evaluator, run_dir=tmp_path, run_id="t"),
         TaskSpec(name="relu", source=relu_task.source),
-        config,
-        model,
-        evaluator,
-        tmp_path,
         TrajectoryId(task="relu", variant="G+E"),
-        run_id="t",
     )
     assert result.turns == 2 and result.best is None
     assert model.i == 0, "replies are chosen by turn, not by a call counter"
@@ -203,7 +196,7 @@ def test_interrupted_run_resumes_at_the_turn_in_flight(
     # Calls: turn 1 compile; turn 2 compile, execute (crash here).
     crashing = CrashOnce(evaluator, crash_on_call=3)
     with pytest.raises(KeyboardInterrupt):
-        run_trajectory(task, config, model, crashing, tmp_path, trajectory, run_id="r")  # type: ignore[arg-type]  # CrashOnce wraps an Evaluator without subclassing it
+        run_trajectory(RunContext(config=config, model=model, evaluator=crashing, run_dir=tmp_path, run_id="r"), task, trajectory)  # type: ignore[arg-type]  # CrashOnce wraps an Evaluator without subclassing it
     assert [r.turn for r in read_trace(tmp_path / "traces" / f"{trajectory.slug}.jsonl")] == [1]
 
     prompts_seen: list[int] = []
@@ -215,7 +208,9 @@ def test_interrupted_run_resumes_at_the_turn_in_flight(
         return original(messages, stop=stop, run_manager=run_manager, **kw)
 
     object.__setattr__(resumed_model, "_generate", spy)
-    result = run_trajectory(task, config, resumed_model, evaluator, tmp_path, trajectory, run_id="r")
+    result = run_trajectory(
+        RunContext(config=config, model=resumed_model, evaluator=evaluator, run_dir=tmp_path, run_id="r"), task, trajectory
+    )
     # Turn 2 resumed at execute (its reply came from the checkpoint); only turn 3 was generated.
     assert prompts_seen == [3]
     records = read_trace(result.trace)
@@ -280,7 +275,9 @@ def test_kill_between_saved_writes_and_next_checkpoint_resumes(
     config = make_config(cpu_config, "G+E", turns=3)
     task = TaskSpec(name="relu", source=relu_task.source)
     trajectory = TrajectoryId(task="relu", variant="G+E")
-    run_trajectory(task, config, scripted_model(SCRIPT), evaluator, tmp_path, trajectory, run_id="r")
+    run_trajectory(
+        RunContext(config=config, model=scripted_model(SCRIPT), evaluator=evaluator, run_dir=tmp_path, run_id="r"), task, trajectory
+    )
     # Killed just after turn 1's decide: its trace line and its writes are saved, its checkpoint is not.
     _cut_checkpoints_after(tmp_path, trajectory.slug, "decide", turn=1)
     trace = tmp_path / "traces" / f"{trajectory.slug}.jsonl"
@@ -290,7 +287,9 @@ def test_kill_between_saved_writes_and_next_checkpoint_resumes(
         snapshot = build_graph(checkpointer=saver).get_state({"configurable": {"thread_id": trajectory.slug}})
     assert snapshot.next == () and snapshot.tasks, "the cut must leave LangGraph's 'no next node, task pending' state"
 
-    result = run_trajectory(task, config, scripted_model(SCRIPT), evaluator, tmp_path, trajectory, run_id="r")
+    result = run_trajectory(
+        RunContext(config=config, model=scripted_model(SCRIPT), evaluator=evaluator, run_dir=tmp_path, run_id="r"), task, trajectory
+    )
     records = read_trace(result.trace)
     assert [r.turn for r in records] == [1, 2, 3]
     assert [r.status for r in records] == ["compile_error", "incorrect", "correct"]
@@ -314,13 +313,9 @@ def test_api_key_never_reaches_traces_or_logs(
         settings = ModelSettings(model="gpt-test", base_url=url, api_key_env="REFINERY_TEST_KEY", retries=4)
         config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
         result = run_trajectory(
+            RunContext(config=config, model=build_chat_model(settings), evaluator=evaluator, run_dir=tmp_path, run_id="k"),
             TaskSpec(name="relu", source=relu_task.source),
-            config,
-            build_chat_model(settings),
-            evaluator,
-            tmp_path,
             TrajectoryId(task="relu", variant="G+E"),
-            run_id="k",
         )
     assert log.auth_headers[-1] == f"Bearer {secret}", "the key was used for the call"
     assert log.requests == 3, "429 and 500 were retried"
@@ -359,13 +354,9 @@ def test_unfinished_checkpoint_of_the_older_flat_loop_starts_again(
 
     config = make_config(cpu_config, "G+E", turns=2, target=1e9)
     result = run_trajectory(
+        RunContext(config=config, model=scripted_model(["no code today"]), evaluator=evaluator, run_dir=tmp_path, run_id="r"),
         TaskSpec(name="relu", source=relu_task.source),
-        config,
-        scripted_model(["no code today"]),
-        evaluator,
-        tmp_path,
         trajectory,
-        run_id="r",
     )
     assert result.turns == 2 and [r.status for r in read_trace(result.trace)] == ["no_code", "no_code"]
 

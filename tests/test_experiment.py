@@ -215,7 +215,7 @@ def test_experiment_killed_midway_finishes_with_the_same_table(tmp_path: Path, c
 
     model = load_script(tmp_path / "script.json")
     with EvaluatorPool(config.eval_config(), workers=2) as pool:
-        clean = run_experiment(config, tmp_path / "clean", lambda: model, pool)
+        clean = run_experiment(config, tmp_path / "clean", model, pool)
     assert table(records) == table(clean) == EXPECTED
     fast_1_follows_the_speedups(records)
     fast_1_follows_the_speedups(clean)

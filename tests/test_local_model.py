@@ -429,6 +429,7 @@ def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> N
         pytest.skip(reason)
     from kernel_refinery.agent.chat.models import open_chat_model
     from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig
+    from kernel_refinery.agent.context import RunContext
     from kernel_refinery.agent.runner import run_trajectory
     from kernel_refinery.agent.state import TaskSpec
     from kernel_refinery.bench.tasks import builtin_suite_root, load_suite
@@ -441,13 +442,9 @@ def test_one_agent_turn_with_the_embedded_model(cpu_config, tmp_path: Path) -> N
     config = RunConfig(llm=settings, loop=LoopSettings(variant="G+E", turns=1, hardware_prompt=False), eval=cpu_config)
     with open_chat_model(settings) as chat, Evaluator(cpu_config) as evaluator:
         result = run_trajectory(
+            RunContext(config=config, model=chat, evaluator=evaluator, run_dir=tmp_path, run_id="smoke"),
             TaskSpec(name=task.name, source=task.source_for("cpu"), level=1),
-            config,
-            chat,
-            evaluator,
-            tmp_path,
             TrajectoryId(task=task.key, variant="G+E"),
-            run_id="smoke",
         )
     (turn,) = read_trace(result.trace)
     assert turn.reply.strip(), "a reply arrived"

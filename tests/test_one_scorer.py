@@ -65,7 +65,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
             concurrency=2,
         )
         with EvaluatorPool(config.eval, workers=1) as pool:
-            run_experiment(config, root, lambda: model, pool)
+            run_experiment(config, root, model, pool)
     return root
 
 

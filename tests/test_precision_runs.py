@@ -297,7 +297,7 @@ def test_two_precisions_share_a_run_directory(tmp_path: Path) -> None:
     def run(config: ExperimentConfig) -> list[TrajectoryRecord]:
         prepare_run_dir(run_dir, config)
         with open_chat_model(config.llm) as chat:
-            return run_experiment(config, run_dir, lambda: chat, evaluator=object())
+            return run_experiment(config, run_dir, chat, evaluator=object())
 
     (fp32,) = run(experiment())
     (bf16,) = run(experiment(precision="bf16"))

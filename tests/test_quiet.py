@@ -88,7 +88,7 @@ def experiment(tmp_path: Path, model: str) -> tuple[TimedModel, TimedEvaluator]:
     )
     chat = TimedModel(responses=[AIMessage(content=REPLY)], intervals=[])
     evaluator = TimedEvaluator()
-    records = run_experiment(config, tmp_path, lambda: chat, evaluator)
+    records = run_experiment(config, tmp_path, chat, evaluator)
     assert len(records) == 3 and all(r.turns == 3 for r in records)
     assert len(chat.intervals) == 9 and len(evaluator.intervals) == 18
     return chat, evaluator

@@ -141,11 +141,11 @@ def test_scripted_experiment_gets_the_same_verdicts_through_ray(tmp_path: Path, 
     # Ray first, so the kernels compile inside its actors; the local run then finds them built.
     ray_pool = RayEvaluatorPool(config.eval, workers=config.workers)
     try:
-        through_ray = run_experiment(config, tmp_path / "ray", lambda: model, ray_pool)
+        through_ray = run_experiment(config, tmp_path / "ray", model, ray_pool)
     finally:
         ray_pool.close()
     with EvaluatorPool(config.eval, workers=config.workers) as local_pool:
-        local = run_experiment(config, tmp_path / "local", lambda: model, local_pool)
+        local = run_experiment(config, tmp_path / "local", model, local_pool)
 
     mismatches = differences(verdicts(local), verdicts(through_ray))
     assert not mismatches, "verdicts differ:\n" + "\n".join(mismatches)

@@ -49,7 +49,7 @@ def run_dir(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
     directory = tmp_path / "run"
     prepare_run_dir(directory, config)
     with EvaluatorPool(config.eval, workers=1) as pool:
-        (record,) = run_experiment(config, directory, lambda: load_script(script), pool)
+        (record,) = run_experiment(config, directory, load_script(script), pool)
     assert record.best_status is Verdict.CORRECT, record
     return directory
 

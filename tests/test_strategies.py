@@ -15,8 +15,9 @@ from pydantic import Field
 from kernel_refinery.agent.budget import Budget
 from kernel_refinery.agent.chat.scripted import ScriptedChatModel
 from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig, SearchSettings
+from kernel_refinery.agent.context import RunContext
 from kernel_refinery.agent.state import Attempt, TaskSpec
-from kernel_refinery.agent.strategies import BeamNode, StrategyRun, parse_ideas, run_strategy, select_seeds
+from kernel_refinery.agent.strategies import BeamNode, parse_ideas, run_strategy, select_seeds
 from kernel_refinery.bench.experiment import TrajectoryRecord, TurnOutcome, read_result
 from kernel_refinery.bench.report import best_by_evals, score, score_strategies
 from kernel_refinery.core.verdict import EvalStatus
@@ -97,7 +98,8 @@ def make_run(
     turns: int = 5,
     target: float = 1e9,
     **search: Any,
-) -> StrategyRun:
+) -> tuple[RunContext, TaskSpec, TrajectoryId]:
+    """What run_strategy takes: the run's context, the task and the trajectory's id."""
     config = RunConfig(
         llm=ModelSettings(model="scripted"),
         loop=LoopSettings(variant="G+E", turns=turns, target_speedup=target, hardware_prompt=False),
@@ -105,14 +107,10 @@ def make_run(
         strategy=strategy,
         search=SearchSettings(**search),
     )
-    return StrategyRun(
-        task=TaskSpec(name=relu_task.name, source=relu_task.source, level=1),
-        config=config,
-        model=model,
-        evaluator=evaluator,
-        run_dir=tmp_path,
-        trajectory=TrajectoryId(task="relu", variant="G+E"),
-        run_id="t",
+    return (
+        RunContext(config=config, model=model, evaluator=evaluator, run_dir=tmp_path, run_id="t"),
+        TaskSpec(name=relu_task.name, source=relu_task.source, level=1),
+        TrajectoryId(task="relu", variant="G+E"),
     )
 
 
@@ -152,7 +150,7 @@ def test_beam_tree_and_seeding(cpu_config: EvalConfig, evaluator: Evaluator, rel
     model = idea_model(KERNELS)
     counting = CountingEvaluator(evaluator)
     run = make_run(cpu_config, relu_task, tmp_path, model, counting, "beam", rounds=2, ideas=3, beam_width=2)
-    result = run_strategy(run)
+    result = run_strategy(*run)
     records = read_trace(result.trace)
     assert result.trace.name == "relu__GE__s0__beam.jsonl"
     by_id = {r.node_id: r for r in records}
@@ -202,7 +200,7 @@ def test_eval_budget_holds_exactly(
     model = idea_model({}, default=WRONG)  # wrong kernels: the cap, not the target, must stop the run
     counting = CountingEvaluator(evaluator)
     run = make_run(cpu_config, relu_task, tmp_path, model, counting, strategy, turns=3, budget_evals=cap, **search)
-    result = run_strategy(run)
+    result = run_strategy(*run)
     assert counting.candidates == cap == result.evals
     assert all(r.status == "incorrect" for path in result.traces for r in read_trace(path))
     if strategy == "best-of-n":
@@ -216,7 +214,7 @@ def test_token_budget_stops_before_a_call_past_it(
     model = idea_model({}, default=WRONG)
     cap = 4000
     run = make_run(cpu_config, relu_task, tmp_path, model, evaluator, strategy, turns=10, rounds=5, budget_tokens=cap)
-    result = run_strategy(run)
+    result = run_strategy(*run)
     assert all(start < cap for start in model.starts), "no call started past the cap"
     assert model.spent >= cap, "the cap, not the turns, stopped the run"
     assert result.tokens.total == model.spent
@@ -306,7 +304,7 @@ def test_experiment_compares_strategies_at_equal_cost(tmp_path: Path, cache_dir:
         eval=EvalConfig(trials=5, warmup=1, correctness_trials=2, time_compiled_reference=False, cache_dir=cache_dir),
     )
     with EvaluatorPool(config.eval_config(), workers=1) as pool:
-        run_experiment(config, tmp_path, lambda: model, pool)
+        run_experiment(config, tmp_path, model, pool)
     records = {r.strategy: r for r in read_results(tmp_path)}
     assert sorted(records) == ["beam", "best-of-n", "refine"]
     assert {s: (r.evals, r.best_status) for s, r in records.items()} == dict.fromkeys(records, (2, "correct"))

@@ -22,6 +22,7 @@ from typer.testing import CliRunner, Result
 
 from kernel_refinery.agent.chat.scripted import scripted_model
 from kernel_refinery.agent.config import LoopSettings, ModelSettings, RunConfig
+from kernel_refinery.agent.context import RunContext
 from kernel_refinery.agent.runner import run_trajectory
 from kernel_refinery.agent.state import TaskSpec
 from kernel_refinery.bench.cli import app
@@ -75,13 +76,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cpu_config: EvalConfig, re
                 eval=cpu_config,
             )
             run_trajectory(
+                RunContext(config=config, model=scripted_model(replies), evaluator=evaluator, run_dir=root, run_id="traces-test"),
                 TaskSpec(name=task.name, source=task.source, level=1),
-                config,
-                scripted_model(replies),
-                evaluator,
-                root,
                 TrajectoryId(task=key, variant=variant),
-                run_id="traces-test",
             )
     return root
 
