@@ -30,8 +30,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.context import CandidateEvaluator
 from kernel_refinery.agent.extract import extract_candidate
-from kernel_refinery.agent.nodes import CandidateEvaluator
 from kernel_refinery.agent.prompting import PromptFrame, turn_feedback
 from kernel_refinery.agent.state import Attempt, TaskSpec
 from kernel_refinery.bench.tasks import Task

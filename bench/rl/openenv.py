@@ -25,7 +25,7 @@ except ImportError as exc:  # the extra is optional: say how to get it, not whic
 from pydantic import Field
 
 from kernel_refinery.agent.config import RunConfig
-from kernel_refinery.agent.nodes import CandidateEvaluator
+from kernel_refinery.agent.context import CandidateEvaluator
 from kernel_refinery.bench.rl.env import EpisodeError, Message, RefineEpisode, RewardWeights, StepRecord
 from kernel_refinery.bench.tasks import Task
 
