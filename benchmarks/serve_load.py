@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen(cmd, env={**os.environ, "REFINERY_SERVE_TOKEN": token}, stdout=log, stderr=subprocess.STDOUT)
     proc = psutil.Process(server.pid)
     memory: list[tuple[float, float]] = []
+    phase_starts: list[float] = []
     done = threading.Event()
     t0 = time.monotonic()
 
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for clients, phase_s in zip(counts, seconds, strict=True):
             started = time.monotonic()
+            phase_starts.append(started - t0)
             phase = run_phase(url, token, clients, phase_s)
             results.append(figures(phase, time.monotonic() - started))
             for line in (phase.wrong + phase.errors)[:5]:
@@ -232,9 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         first_mb, last_mb = memory[0][1], memory[-1][1]
         span_min = (memory[-1][0] - memory[0][0]) / 60
         slope = statistics.linear_regression([t for t, _ in memory], [m for _, m in memory]).slope * 60
+        # The pool starts its second worker with the second client: growth until then is start-up.
+        after = [(t, m) for t, m in memory if len(phase_starts) > 1 and t >= phase_starts[1]]
+        settled = statistics.linear_regression(*zip(*after, strict=True)).slope * 60 if len(after) >= 2 else float("nan")
         console.print(
             f"memory of the server's process tree: {first_mb:.0f} MB at the start, {last_mb:.0f} MB at the end, "
-            f"max {max(m for _, m in memory):.0f} MB over {span_min:.1f} min; fitted slope {slope:+.1f} MB/min"
+            f"max {max(m for _, m in memory):.0f} MB over {span_min:.1f} min; fitted slope {slope:+.1f} MB/min, "
+            f"{settled:+.1f} MB/min from the second phase on"
         )
     if args.json:
         args.json.write_text(
