@@ -14,6 +14,7 @@ from cli_runner import run_cli
 from kernel_refinery.bench.experiment import ExperimentConfig, TrajectoryRecord, TurnOutcome, prepare_run_dir
 from kernel_refinery.bench.provenance import collect_manifest, sha256_of
 from kernel_refinery.core.errors import RunDirError
+from kernel_refinery.core.numerics import Precision
 from kernel_refinery.core.verdict import EvalStatus, Verdict
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.results import EvalResult
@@ -81,7 +82,7 @@ def test_an_experiment_keeps_its_manifest_and_the_one_before_a_change(tmp_path: 
     first = read_manifest(tmp_path)
     assert first is not None and first.eval.trials == 9 and [t.key for t in first.tasks] == ["level1/1_relu"]
     assert prepare_run_dir(tmp_path, config) == [], "resumed on the same machine: nothing differs"
-    bf16 = config.model_copy(update={"eval": config.eval.model_copy(update={"precision": "bf16"})})
+    bf16 = config.model_copy(update={"eval": config.eval.model_copy(update={"precision": Precision.BF16})})
     changed = prepare_run_dir(tmp_path, bf16)
     assert {d.field for d in changed} == {"eval.precision", "eval.tolerance"}
     (kept,) = tmp_path.glob("manifest-before-*.json")

@@ -19,6 +19,7 @@ from kernel_refinery.bench.compare import Side, compare, render
 from kernel_refinery.bench.experiment import TrajectoryRecord, TurnOutcome
 from kernel_refinery.bench.render import turn_line
 from kernel_refinery.bench.report import render_at_k, render_by_evals, render_strategies, render_table, score, score_strategies
+from kernel_refinery.core.numerics import Precision
 from kernel_refinery.traces.inspect import load_run, summarise, summary_table
 from kernel_refinery.traces.schema import TokenUsage
 from kernel_refinery.traces.terminal import print_table
@@ -117,7 +118,7 @@ def test_fast_p_table_with_strategies_and_samples_fits_80_columns() -> None:
 def test_fast_p_table_with_two_precisions_fits_80_columns() -> None:
     """Precision is one more line of the variant's cell (compact), or a column of its own (wide)."""
     fp32 = known_records(samples=2) + known_records(samples=2, strategy="best-of-n")
-    records = fp32 + [r.model_copy(update={"precision": "bf16", "tolerance": 1e-2}) for r in fp32]
+    records = fp32 + [r.model_copy(update={"precision": Precision.BF16, "tolerance": 1e-2}) for r in fp32]
     scores = score(records)
     table = render_table(scores)
     text = printed(table)
@@ -211,7 +212,7 @@ def test_commands_print_whole_tables_to_a_pipe_at_80_columns(args: list[str], tm
     records = known_records()
     if "--precisions" in args:  # a run directory holding an fp32 and a bf16 experiment
         args = [a for a in args if a != "--precisions"]
-        records += [r.model_copy(update={"precision": "bf16", "tolerance": 1e-2}) for r in records]
+        records += [r.model_copy(update={"precision": Precision.BF16, "tolerance": 1e-2}) for r in records]
     (run / "results.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in records))
     result = CliRunner().invoke(app, [a.format(run=run) for a in args], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
