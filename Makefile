@@ -42,7 +42,7 @@ setup: $(STAMP)
 
 # A `# type: ignore` names its error code and says why on the same line: `# type: ignore[code]  # why`.
 lint: $(STAMP)
-	@bad=$$(grep -rnE --include='*.py' '#\s*type:\s*ignore' agent tools traces bench tests prompts \
+	@bad=$$(grep -rnE --include='*.py' '#\s*type:\s*ignore' agent tools traces bench tests prompts kernel_refinery benchmarks \
 		| grep -vE '#\s*type:\s*ignore\[[^]]+\]\s+#\s*\S'); \
 	if [ -n "$$bad" ]; then echo "$$bad"; echo "lint: write each '# type: ignore' as '# type: ignore[code]  # why'"; exit 1; fi
 	$(BIN)/ruff check .
