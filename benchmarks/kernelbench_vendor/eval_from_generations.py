@@ -605,4 +605,4 @@ def calculate_pass_at_k(eval_file_path: str, k_values: list[int]) -> dict:
     return final_results
 
 
-# [vendored edit] main() (pydra) is removed: bench/perf/throughput/kernelbench_driver.py runs its steps
+# [vendored edit] main() (pydra) is removed: benchmarks/throughput/kernelbench_driver.py runs its steps
