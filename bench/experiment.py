@@ -401,6 +401,8 @@ def run_experiment(
     todo = [planned for planned in plan(config) if planned.id not in finished]
     writer = ResultsWriter(run_dir)
     run_id = Path(run_dir).name or uuid.uuid4().hex[:8]
+    # One context for every trajectory; each swaps in its own config (variant, strategy), so the
+    # one given here, the first planned combination's, is never run as such.
     base = RunContext(
         config=config.run_config(config.variants[0], config.strategies[0]),
         model=model,

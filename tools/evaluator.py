@@ -36,8 +36,6 @@ _RUNNER = steps_in("runner")
 """In the candidate's runner: load and compile."""
 _JUDGE = steps_in("judge")
 """Driven by the judge: correctness, timing, profile."""
-if _PARENT != (Stage.STATIC,):
-    raise RuntimeError("tools/stages.py: the parent runs the static check only (Evaluator.run)")
 
 
 class Evaluator:
