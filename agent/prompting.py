@@ -91,7 +91,7 @@ def evaluation_feedback(result: EvalResult, variant: Variant) -> str:
         )
     if status is EvalStatus.INCORRECT:
         summary = result.correctness.summary() if result.correctness is not None else result.message
-        return prompts.render("feedback/incorrect.j2", summary=summary)
+        return prompts.render("feedback/incorrect.j2", summary=summary, hints=prompts.hints_for(summary))
     if status is EvalStatus.REJECTED:
         return prompts.render("feedback/rejected.j2", message=result.message.strip())
     if status is EvalStatus.CORRECT and result.timing is not None:

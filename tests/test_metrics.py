@@ -71,3 +71,22 @@ def test_tolerance_is_configurable() -> None:
     assert "the error is at reduced-precision level" in default.reason
     assert compare(expected, actual, EvalConfig(tolerance=1e-2)).passed
     assert compare(expected, actual, EvalConfig(tolerances={"float32": {"atol": 1e-2, "rtol": 1e-2}})).passed
+
+
+def test_a_wrong_output_is_described_by_where_its_values_lie() -> None:
+    """A step left out everywhere (the numerator of a normalisation without its exponential) gives
+    a few worst mismatches that look like any other error; the ranges and the sign say what it is."""
+    x = torch.randn(16, 256)
+    expected = torch.softmax(x, dim=1)
+    actual = x / torch.exp(x).sum(dim=1, keepdim=True)
+    verdict = compare(expected, actual, EvalConfig())
+    assert not verdict.passed
+    assert "the reference's values lie in [" in verdict.reason and "the output's in [" in verdict.reason
+    assert "no reference value is negative, yet the output has negative values" in verdict.reason
+
+
+def test_a_wrong_output_of_the_right_sign_gets_ranges_but_no_sign_clause() -> None:
+    expected = torch.rand(32, 32) + 1
+    verdict = compare(expected, expected * 2, EvalConfig())
+    assert not verdict.passed and "the output's in [" in verdict.reason
+    assert "yet the output has" not in verdict.reason

@@ -212,3 +212,23 @@ def test_the_profile_starts_its_own_line_after_the_speedup() -> None:
         nsight="",
     )
     assert "0.911x.\nProfile of your forward:\n```\nTABLE\n```\nMake it faster" in text
+
+
+def test_a_wrong_result_of_a_sign_the_reference_never_gives_gets_its_hint() -> None:
+    """The correctness step's sign clause reaches the model as a hint that names no operation."""
+    import torch
+
+    from kernel_refinery.tools.config import EvalConfig
+    from kernel_refinery.tools.results import CorrectnessReport
+    from kernel_refinery.tools.steps.correctness import compare
+
+    expected = torch.rand(8, 64)
+    cmp = compare(expected, expected - 0.5, EvalConfig())
+    report = CorrectnessReport(passed=False, trials=1, atol=1e-4, rtol=1e-4, failed_trial=0, reason=cmp.reason)
+    text = evaluation_feedback(EvalResult(status=EvalStatus.INCORRECT, correctness=report), Variant.parse("G+E"))
+    assert "gave wrong results" in text and text.count("Hint:") == 1
+    hint = text[text.index("Hint:") :]
+    assert "go through Model.forward step by step" in hint
+    assert not any(op in hint for op in ("exp", "softmax", "sum", "max")), "the hint must name no operation"
+    plain = CorrectnessReport(passed=False, trials=1, atol=1e-4, rtol=1e-4, failed_trial=0, reason="output differs")
+    assert "Hint:" not in evaluation_feedback(EvalResult(status=EvalStatus.INCORRECT, correctness=plain), Variant.parse("G+E"))

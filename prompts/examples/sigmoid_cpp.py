@@ -6,6 +6,8 @@ sigmoid_source = r"""
 #include <torch/extension.h>
 #include <cmath>
 
+// What Model.forward computes, written out for one output value before the code:
+// out = 1 / (1 + exp(-x)) for each input value x
 torch::Tensor sigmoid_forward(torch::Tensor input) {
     auto src = input.contiguous();
     auto result = torch::empty_like(src);

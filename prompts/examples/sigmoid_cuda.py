@@ -8,6 +8,8 @@ sigmoid_cuda_source = r"""
 #include <cuda_runtime.h>
 #include <c10/cuda/CUDAStream.h>
 
+// What Model.forward computes, written out for one output value before the code:
+// out = 1 / (1 + exp(-x)) for each input value x
 __global__ void sigmoid_kernel(const float* src_ptr, float* dst_ptr, int64_t count) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) {

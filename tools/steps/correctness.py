@@ -72,6 +72,29 @@ def _mismatches(expected: torch.Tensor, actual: torch.Tensor, bad: torch.Tensor,
     return tuple(found)
 
 
+def _value_ranges(exp: torch.Tensor, act: torch.Tensor, finite_ref: torch.Tensor) -> str:
+    """Where the reference's values lie and where the output's do: a sign, a scale or an offset
+    that is wrong everywhere shows here at once, which a few mismatched values do not tell."""
+
+    def span(t: torch.Tensor, mask: torch.Tensor) -> str:
+        if not bool(mask.any()):
+            return "none finite"
+        low = float(torch.where(mask, t, math.inf).min())
+        high = float(torch.where(mask, t, -math.inf).max())
+        mean = float(torch.where(mask, t, 0.0).sum()) / int(mask.sum())
+        return f"[{low:.4g}, {high:.4g}], mean {mean:.4g}"
+
+    ranges = f"the reference's values lie in {span(exp, finite_ref)}; the output's in {span(act, torch.isfinite(act))}"
+    # A sign the reference never has is a missing or misplaced step, not rounding: said in words.
+    ref_low = float(torch.where(finite_ref, exp, math.inf).min())
+    ref_high = float(torch.where(finite_ref, exp, -math.inf).max())
+    if ref_low >= 0 and bool((act < 0).any()):
+        ranges += "; no reference value is negative, yet the output has negative values"
+    elif ref_high <= 0 and bool((act > 0).any()):
+        ranges += "; no reference value is positive, yet the output has positive values"
+    return ranges
+
+
 def _within_everywhere(exp: torch.Tensor, act: torch.Tensor, diff: torch.Tensor, atol: float, rtol: float) -> Comparison | None:
     """The passing verdict with its statistics in a few reads, when every value is finite and within
     tolerance, the relative L2 error too, and the output is not a constant; None otherwise."""
@@ -157,6 +180,8 @@ def compare(expected: torch.Tensor, actual: Any, cfg: EvalConfig, which: str = "
                 f"; every value is within {loose:g}: the error is at reduced-precision level (what TF32, bf16 or fp16 "
                 "arithmetic gives), so compute in full fp32 (or evaluate with --set eval.tolerance=1e-2 to accept it)"
             )
+    if n_bad and exp.numel() > 1:
+        reason += "; " + _value_ranges(exp, act, finite_ref)
     if exp.numel() > 1:
         low = float(torch.where(finite_ref, exp, math.inf).min())
         high = float(torch.where(finite_ref, exp, -math.inf).max())
