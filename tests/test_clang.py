@@ -343,6 +343,23 @@ def test_gcc_and_its_header_where_clang_is_missing(
 
 
 @needs_clang
+def test_setup_says_gcc_is_the_default_where_clang_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With clang and its OpenMP runtime installed, GCC still builds unless asked otherwise, and
+    setup says how to choose clang rather than that clang is missing."""
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("REFINERY_COMPILER", raising=False)
+    monkeypatch.setenv("REFINERY_PCH_DIR", str(tmp_path / "pch"))
+    pch.forget_ready()
+    pch.main(["--check"])
+    out = capsys.readouterr().out
+    assert "not found" not in out.splitlines()[0]
+    assert f"the default; REFINERY_COMPILER=clang builds with {CLANG} instead" in out
+    pch.forget_ready()
+
+
+@needs_clang
 def test_a_clang_without_its_openmp_runtime_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
     """clang installed without libomp-NN-dev would fail every -fopenmp build: GCC instead."""
     monkeypatch.delenv("CXX", raising=False)

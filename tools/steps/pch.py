@@ -316,10 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         kind = "CUDA builds' main.cpp" if cuda else "C++ builds"
         cxx = identify(cuda)
         if not cuda and not cxx.clang and "CXX" not in os.environ:
-            print(
-                f"clang++ with OpenMP (libomp) not found ({', '.join(CLANG_NAMES)}): "
-                f"C++ builds use {cxx.describe()} and its header (only slower)"
-            )
+            clang = find_clang()
+            if clang is None:
+                print(
+                    f"clang++ with OpenMP (libomp) not found ({', '.join(CLANG_NAMES)}): "
+                    f"C++ builds use {cxx.describe()} and its header (only slower)"
+                )
+            elif os.environ.get("REFINERY_COMPILER") != "clang":
+                print(f"C++ builds use {cxx.describe()}, the default; REFINERY_COMPILER=clang builds with {clang} instead")
         kind = f"{kind}, {cxx.describe()}"
         flags = example_cflags(cuda)
         ready = _ready.__wrapped__(cuda, None, cxx.command)
