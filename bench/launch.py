@@ -3,9 +3,11 @@ results at the end, for `refinery run` (one task) and `refinery experiment`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from langchain_core.language_models.chat_models import BaseChatModel
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -14,7 +16,7 @@ from kernel_refinery.agent.config import RunConfig, needs_quiet_host
 from kernel_refinery.agent.context import CandidateEvaluator, RunContext
 from kernel_refinery.agent.quiet import QuietHost
 from kernel_refinery.agent.state import Attempt, TaskSpec
-from kernel_refinery.agent.strategies import run_strategy
+from kernel_refinery.agent.strategies import StrategyResult, run_strategy
 from kernel_refinery.bench.experiment import (
     ExperimentConfig,
     TrajectoryRecord,
@@ -56,12 +58,6 @@ def make_pool(config: ExperimentConfig) -> EvaluationPool:
 
 def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, resume: bool = False) -> None:
     """One task with the config's strategy, printing each verdict as it happens."""
-    from kernel_refinery.tools.evaluator import Evaluator
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-    write_manifest(run_dir, collect_manifest(config.eval, [(task.key, task.path)]))
-    trajectory = TrajectoryId(task=task.key, variant=str(config.loop.variant), precision=config.eval.precision)
     quiet = QUIET_NOTE if needs_quiet_host(config.llm, config.eval) else ""
     console.print(
         f"[bold]{task.key}[/] · {config.loop.variant} · {config.strategy} · {config.loop.turns} turns · {config.eval.device} · "
@@ -72,7 +68,28 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
     def on_turn(attempt: Attempt) -> None:
         console.print(turn_line(attempt, config.loop.turns))
 
-    with open_chat_model(config.llm) as chat, Evaluator(config.eval) as evaluator:
+    with open_chat_model(config.llm) as chat:
+        result = refine_task(config, task, run_dir, chat, resume=resume, on_turn=on_turn)
+    print_trajectory_end(console, result)
+
+
+def refine_task(
+    config: RunConfig,
+    task: Task,
+    run_dir: Path,
+    chat: BaseChatModel,
+    resume: bool = False,
+    on_turn: Callable[[Attempt], None] | None = None,
+) -> StrategyResult:
+    """The config's strategy on one task with this chat model and an evaluator of its own, in
+    run_dir (which holds its checkpoints and traces): `refinery run` and the API's `refine`."""
+    from kernel_refinery.tools.evaluator import Evaluator
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    write_manifest(run_dir, collect_manifest(config.eval, [(task.key, task.path)]))
+    trajectory = TrajectoryId(task=task.key, variant=str(config.loop.variant), precision=config.eval.precision)
+    with Evaluator(config.eval) as evaluator:
         run = RunContext(
             config=config,
             model=chat,
@@ -84,8 +101,7 @@ def launch_run(config: RunConfig, task: Task, run_dir: Path, console: Console, r
             on_turn=on_turn,
             host=QuietHost.for_settings(config.llm, config.eval),
         )
-        result = run_strategy(run, TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level), trajectory)
-    print_trajectory_end(console, result)
+        return run_strategy(run, TaskSpec(name=task.name, source=task.source_for(config.eval.device), level=task.level), trajectory)
 
 
 def launch(config: ExperimentConfig, run_dir: Path, console: Console, wide: bool = False) -> None:

@@ -19,11 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kernel_refinery.api import (
+        Client,
         EvalConfig,
         EvalResult,
         Experiment,
         ExperimentConfig,
         GroupScores,
+        RunConfig,
+        ServiceError,
+        StrategyResult,
         Task,
         TrajectoryId,
         TrajectoryRecord,
@@ -33,16 +37,21 @@ if TYPE_CHECKING:
         load_suite,
         load_task,
         load_traces,
+        refine,
         report_run,
         task_from_source,
     )
 
 __all__ = [
+    "Client",
     "EvalConfig",
     "EvalResult",
     "Experiment",
     "ExperimentConfig",
     "GroupScores",
+    "RunConfig",
+    "ServiceError",
+    "StrategyResult",
     "Task",
     "TrajectoryId",
     "TrajectoryRecord",
@@ -52,6 +61,7 @@ __all__ = [
     "load_suite",
     "load_task",
     "load_traces",
+    "refine",
     "report_run",
     "task_from_source",
 ]

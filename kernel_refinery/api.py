@@ -16,8 +16,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kernel_refinery import __all__ as _public_names
+from kernel_refinery.agent.config import RunConfig
+from kernel_refinery.agent.strategies import StrategyResult
 from kernel_refinery.bench.experiment import ExperimentConfig, TrajectoryRecord
 from kernel_refinery.bench.report import GroupScores
 from kernel_refinery.bench.tasks import SuiteError, Task, builtin_suite_root, load_task_file, resolve_suite
@@ -29,7 +32,19 @@ from kernel_refinery.tools.processes.jobs import TaskProgram
 from kernel_refinery.tools.results import EvalResult
 from kernel_refinery.traces.schema import TrajectoryId, TurnRecord
 
-# The public names, listed once: in the package (bench/__init__.py), which re-exports them lazily.
+try:  # the service's client needs httpx, from the `serve` extra
+    from kernel_refinery.bench.serve.client import Client as Client  # public, re-exported
+    from kernel_refinery.bench.serve.client import ServiceError as ServiceError  # public, re-exported
+except ModuleNotFoundError as missing:
+    _CLIENT_MISSING: ModuleNotFoundError | None = missing
+else:
+    _CLIENT_MISSING = None
+
+if TYPE_CHECKING:
+    from langchain_core.language_models.chat_models import BaseChatModel
+
+
+# The public names, listed once: in the package (kernel_refinery/__init__.py), which re-exports them lazily.
 __all__ = list(_public_names)
 
 TaskLike = Task | Path | str
@@ -93,6 +108,35 @@ def evaluate_many(pairs: Sequence[tuple[TaskLike, str]], settings: EvalConfig | 
         return list(threads.map(lambda job: pool.evaluate(*job), jobs))
 
 
+def refine(
+    task: TaskLike,
+    model: BaseChatModel | str | None = None,
+    settings: RunConfig | None = None,
+    run_dir: Path | str | None = None,
+    resume: bool = False,
+) -> StrategyResult:
+    """Run the refinement loop on one task, as `refinery run` does: the settings' strategy, feedback
+    variant and turn budget (default RunConfig(): G+E+P, 10 turns, the embedded model, CPU).
+
+    `model` is a LangChain chat model to call, or a model name for `settings.llm.model` ('local',
+    'local-0.5b', 'scripted:FILE', or an endpoint's model with `settings.llm.base_url`); None keeps
+    the settings' own. The run directory (default a new one under runs/) gets the checkpoints,
+    traces, config and manifest; `resume=True` continues a trajectory that is already there.
+    Returns every attempt with its verdict, the best one (`.best`) and the tokens spent."""
+    from kernel_refinery.agent.chat.models import open_chat_model
+    from kernel_refinery.bench.launch import refine_task
+
+    config = settings or RunConfig()
+    if isinstance(model, str):
+        config = config.model_copy(update={"llm": config.llm.model_copy(update={"model": model})})
+    chosen = _task(task)
+    directory = Path(run_dir) if run_dir is not None else Path("runs") / f"refine-{chosen.name}-{uuid.uuid4().hex[:6]}"
+    if model is not None and not isinstance(model, str):
+        return refine_task(config, chosen, directory, model, resume=resume)
+    with open_chat_model(config.llm) as chat:
+        return refine_task(config, chosen, directory, chat, resume=resume)
+
+
 class Experiment:
     """An experiment (suites × variants × samples × strategies, see ExperimentConfig) in one run
     directory, as `refinery experiment` runs it, without the progress display. Re-running on the
@@ -147,3 +191,9 @@ def load_traces(run_dir: Path | str) -> dict[TrajectoryId, list[TurnRecord]]:
     if not traces_dir(Path(run_dir)).is_dir():
         raise RunDirError(f"{run_dir} has no traces/ folder; give the run directory of `refinery run` or `refinery experiment`")
     return {turns[0].trajectory: turns for _, turns in iter_trajectories(Path(run_dir)) if turns}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Client", "ServiceError") and _CLIENT_MISSING is not None:
+        raise ImportError(f"kernel_refinery.{name} needs the `serve` extra: pip install 'kernel-refinery[serve]' ({_CLIENT_MISSING})")
+    raise AttributeError(f"module 'kernel_refinery.api' has no attribute {name!r}")

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import kernel_refinery
 import kernel_refinery.api
 from kernel_refinery import (
+    Client,
     EvalConfig,
     Experiment,
     ExperimentConfig,
@@ -22,8 +23,11 @@ from kernel_refinery import (
     load_suite,
     load_task,
     load_traces,
+    refine,
     report_run,
 )
+from kernel_refinery.agent.chat.scripted import load_script
+from kernel_refinery.agent.config import LoopSettings, RunConfig
 from kernel_refinery.api import __all__ as api_names
 from kernel_refinery.bench.cli import app
 from kernel_refinery.bench.tasks import SuiteError
@@ -45,6 +49,36 @@ def test_the_package_exports_the_api_and_nothing_else() -> None:
     assert all(getattr(kernel_refinery, name) is getattr(kernel_refinery.api, name) for name in api_names)
     with pytest.raises(AttributeError, match="no attribute 'Evaluator'"):
         _ = kernel_refinery.Evaluator  # type: ignore[attr-defined]  # checking that the private names stay private
+
+
+def test_the_service_client_is_public_and_loaded_when_first_asked_for() -> None:
+    from kernel_refinery.bench.serve import client
+
+    assert Client is client.Client and kernel_refinery.ServiceError is client.ServiceError
+    with pytest.raises(AttributeError, match="no attribute 'Server'"):
+        _ = kernel_refinery.api.Server  # type: ignore[attr-defined]  # only the client is public
+
+
+def test_refine_runs_the_loop_on_one_task_with_a_model_by_name_or_object(settings: EvalConfig, tmp_path: Path) -> None:
+    """The scripted model answers a wrong kernel, then a correct one: the loop feeds the first
+    verdict back and stops at the second; a chat model object is used as given."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([f"```python\n{WRONG}```", f"```python\n{CORRECT}```"]))
+    config = RunConfig(loop=LoopSettings(variant="G+E", turns=3, target_speedup=0.0, hardware_prompt=False), eval=settings)
+    result = refine(SMALL_RELU, f"scripted:{script}", config, run_dir=tmp_path / "by-name")
+    assert [a.result.status.value for a in result.attempts if a.result and a.result.status] == ["incorrect", "correct"]
+    assert result.best is not None and result.best.turn == 2 and result.tokens.completion > 0
+    assert result.trajectory.task == "level1/small_relu_task" and result.trace.exists()
+    assert (tmp_path / "by-name" / "manifest.json").exists() and (tmp_path / "by-name" / "config.json").exists()
+    turns = load_traces(tmp_path / "by-name")[result.trajectory]
+    assert "gave wrong results" in turns[1].messages[-1].content, "turn 2 saw turn 1's verdict"
+
+    given = load_script(script)
+    again = refine(SMALL_RELU, given, config, run_dir=tmp_path / "by-object")
+    assert [a.turn for a in again.attempts] == [1, 2]
+    with pytest.raises(FileExistsError, match="--resume"):
+        refine(SMALL_RELU, load_script(script), config, run_dir=tmp_path / "by-object")
+    assert refine(SMALL_RELU, load_script(script), config, run_dir=tmp_path / "by-object", resume=True).attempts == again.attempts
 
 
 def test_tasks_by_name_by_path_and_from_suites() -> None:
