@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -32,6 +27,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.serve_process import running_server
 from benchmarks.soak.run import HEADER
 from kernel_refinery.bench.serve.client import Client, ServiceError
 
@@ -68,12 +64,6 @@ class PhaseFigures:
     wrong_verdicts: int
     errors: int
     lost: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tree_rss_mb(proc: psutil.Process) -> float:
@@ -171,55 +161,33 @@ def main(argv: list[str] | None = None) -> int:
     seconds = [60 * args.minutes * s / sum(shares) for s in shares]
 
     console = Console(width=120)
-    token = secrets.token_urlsafe(16)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    refinery = str(Path(sys.executable).with_name("refinery"))
-    cmd = [refinery, "serve", "--port", str(port), "--workers", str(args.workers), "--queue-size", str(args.queue_size)]
-    log_path = Path(tempfile.mkdtemp(prefix="serve-load-")) / "server.log"
-    log = log_path.open("wb")  # a file, not a pipe: a full pipe would stall the server's logging
-    server = subprocess.Popen(cmd, env={**os.environ, "REFINERY_SERVE_TOKEN": token}, stdout=log, stderr=subprocess.STDOUT)
-    proc = psutil.Process(server.pid)
     memory: list[tuple[float, float]] = []
     phase_starts: list[float] = []
     done = threading.Event()
-    t0 = time.monotonic()
+    with running_server(args.workers, args.queue_size) as server:
+        url, token = server.url, server.token
+        proc = psutil.Process(server.process.pid)
+        t0 = time.monotonic()
 
-    def sample() -> None:
-        while not done.wait(5.0):
-            memory.append((time.monotonic() - t0, _tree_rss_mb(proc)))
+        def sample() -> None:
+            while not done.wait(5.0):
+                memory.append((time.monotonic() - t0, _tree_rss_mb(proc)))
 
-    try:
-        with Client(url, token, timeout_s=10) as probe:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    probe.health()
-                    break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"refinery serve did not start; its log, {log_path}:\n{log_path.read_text()[-2000:]}") from None
-                    time.sleep(0.5)
-        # One request first, so that the shared build is cached before any phase is timed.
-        with Client(url, token, timeout_s=900) as first:
-            first.evaluate_builtin("1_relu", CORRECT, **SETTINGS)
-        threading.Thread(target=sample, daemon=True).start()
-        results = []
-        for clients, phase_s in zip(counts, seconds, strict=True):
-            started = time.monotonic()
-            phase_starts.append(started - t0)
-            phase = run_phase(url, token, clients, phase_s)
-            results.append(figures(phase, time.monotonic() - started))
-            for line in (phase.wrong + phase.errors)[:5]:
-                console.print(f"[red]{clients} clients: {line}")
-        done.set()
-    finally:
-        done.set()
-        server.terminate()
         try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+            # One request first, so that the shared build is cached before any phase is timed.
+            with Client(url, token, timeout_s=900) as first:
+                first.evaluate_builtin("1_relu", CORRECT, **SETTINGS)
+            threading.Thread(target=sample, daemon=True).start()
+            results = []
+            for clients, phase_s in zip(counts, seconds, strict=True):
+                started = time.monotonic()
+                phase_starts.append(started - t0)
+                phase = run_phase(url, token, clients, phase_s)
+                results.append(figures(phase, time.monotonic() - started))
+                for line in (phase.wrong + phase.errors)[:5]:
+                    console.print(f"[red]{clients} clients: {line}")
+        finally:
+            done.set()
 
     table = Table(title=f"refinery serve on CPU: {args.workers} workers, queue {args.queue_size}, {args.minutes:g} min")
     for column in ("clients", "answered", "per minute", "p50 s", "p90 s", "p99 s", "429 retries", "wrong", "errors", "lost"):

@@ -122,14 +122,15 @@ def run_ours(
     tracker: CompileTracker | None = None,
     on_result: Callable[[str, str, int], None] | None = None,
     config: EvalConfig | None = None,
+    devices: int | None = 1,
 ) -> OursRun:
-    """All of `work` through a fresh pool of `workers` on GPU 0 (or `config`'s device); the clock
-    starts before any worker does."""
+    """All of `work` through a fresh pool of `workers` on GPU 0 (or `config`'s device; `devices=None`
+    lets the pool choose, as `refinery serve` does); the clock starts before any worker does."""
     tracker = tracker or CompileTracker()
     config = config or eval_config(cache_dir)
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
-    pool = EvaluatorPool(config, workers=workers, devices=1)
+    pool = EvaluatorPool(config, workers=workers, devices=devices)
     try:
         # Every candidate at once, as KernelBench's batch has them all: the pool decides what runs.
         with ThreadPoolExecutor(max_workers=max(1, len(work)), thread_name_prefix="candidate") as threads:
