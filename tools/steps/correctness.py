@@ -76,18 +76,17 @@ def _value_ranges(exp: torch.Tensor, act: torch.Tensor, finite_ref: torch.Tensor
     """Where the reference's values lie and where the output's do: a sign, a scale or an offset
     that is wrong everywhere shows here at once, which a few mismatched values do not tell."""
 
-    def span(t: torch.Tensor, mask: torch.Tensor) -> str:
+    def span(t: torch.Tensor, mask: torch.Tensor) -> tuple[str, float, float]:
         if not bool(mask.any()):
-            return "none finite"
+            return "none finite", math.inf, -math.inf
         low = float(torch.where(mask, t, math.inf).min())
         high = float(torch.where(mask, t, -math.inf).max())
         mean = float(torch.where(mask, t, 0.0).sum()) / int(mask.sum())
-        return f"[{low:.4g}, {high:.4g}], mean {mean:.4g}"
+        return f"[{low:.4g}, {high:.4g}], mean {mean:.4g}", low, high
 
-    ranges = f"the reference's values lie in {span(exp, finite_ref)}; the output's in {span(act, torch.isfinite(act))}"
+    ref_text, ref_low, ref_high = span(exp, finite_ref)
+    ranges = f"the reference's values lie in {ref_text}; the output's in {span(act, torch.isfinite(act))[0]}"
     # A sign the reference never has is a missing or misplaced step, not rounding: said in words.
-    ref_low = float(torch.where(finite_ref, exp, math.inf).min())
-    ref_high = float(torch.where(finite_ref, exp, -math.inf).max())
     if ref_low >= 0 and bool((act < 0).any()):
         ranges += "; no reference value is negative, yet the output has negative values"
     elif ref_high <= 0 and bool((act > 0).any()):
