@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,11 @@ from candidates import task_source
 
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.processes.jobs import TaskProgram
+
+# test_serve.py imports the serve extra's server stack (FastAPI, Starlette) at its top. Where the
+# extra is absent (the H200 image, which carries only the agent stack) the module is left out of
+# collection instead of an import error that stops the whole run; `make setup` installs the extra.
+collect_ignore = [] if importlib.util.find_spec("fastapi") else ["test_serve.py"]
 
 
 @pytest.fixture(autouse=True)
