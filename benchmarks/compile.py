@@ -44,11 +44,12 @@ from unittest import mock
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import REPO_ROOT
 from benchmarks.soak import KERNELS_CPP
 from benchmarks.soak import run as soak
 from kernel_refinery.tools.steps import compile_cache, pch
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "prompts" / "examples"
+EXAMPLES = REPO_ROOT / "prompts" / "examples"
 EXAMPLE = EXAMPLES / "sigmoid_cpp.py"
 CUDA_EXAMPLE = EXAMPLES / "sigmoid_cuda.py"
 TARGET = 1 / 5

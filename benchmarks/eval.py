@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import REPO_ROOT
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.evaluator import Evaluator
 from kernel_refinery.tools.processes.jobs import TaskProgram
@@ -48,7 +49,7 @@ def get_init_inputs():
 """
 
 SIZES = {"cuda": (4096, 393216), "cpu": (64, 65536)}
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 CANDIDATES = {"cuda": FIXTURES / "cuda_solutions" / "1_relu.py", "cpu": FIXTURES / "cpu_solutions" / "1_relu.py"}
 PHASES = ("static", "compile", "correctness", "timing", "profile")
 

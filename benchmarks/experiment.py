@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import REPO_ROOT
 from kernel_refinery.agent.chat.scripted import scripted_model
 from kernel_refinery.agent.config import LoopSettings, ModelSettings
 from kernel_refinery.bench.experiment import ExperimentConfig, run_experiment
@@ -30,7 +31,7 @@ from kernel_refinery.tools.processes.jobs import TaskProgram
 from kernel_refinery.tools.processes.pool import EvaluatorPool, cpu_groups
 from kernel_refinery.traces.store import iter_trajectories
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 SOLUTIONS = ROOT / "tests" / "fixtures" / "cpu_solutions"
 CHAIN = "level2/9_bias_tanh_clamp_chain"
 

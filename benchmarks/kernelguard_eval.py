@@ -45,9 +45,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from benchmarks import REPO_ROOT
 from kernel_refinery.tools.guards.static_check import check_candidate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 TESTS = ROOT / "tests"
 PROFILES = ("default", "strict", "sol-execbench")
 

@@ -26,9 +26,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[3]
+from benchmarks import REPO_ROOT
+
+ROOT = REPO_ROOT
 HERE = Path(__file__).resolve().parent
-KB_TASKS = ROOT / "bench" / "perf" / "throughput" / "tasks"
+KB_TASKS = ROOT / "benchmarks" / "throughput" / "tasks"
 CPU_RELU = """import torch
 import torch.nn as nn
 
