@@ -31,8 +31,7 @@ from kernel_refinery.tools.processes.jobs import TaskProgram
 from kernel_refinery.tools.processes.pool import EvaluatorPool, cpu_groups
 from kernel_refinery.traces.store import iter_trajectories
 
-ROOT = REPO_ROOT
-SOLUTIONS = ROOT / "tests" / "fixtures" / "cpu_solutions"
+SOLUTIONS = REPO_ROOT / "tests" / "fixtures" / "cpu_solutions"
 CHAIN = "level2/9_bias_tanh_clamp_chain"
 
 

@@ -48,8 +48,7 @@ from rich.table import Table
 from benchmarks import REPO_ROOT
 from kernel_refinery.tools.guards.static_check import check_candidate
 
-ROOT = REPO_ROOT
-TESTS = ROOT / "tests"
+TESTS = REPO_ROOT / "tests"
 PROFILES = ("default", "strict", "sol-execbench")
 
 HONEST_HACKS = frozenset({"slow"})
@@ -222,13 +221,13 @@ EXAMPLES = {"sigmoid_cpp.py": "cpp", "sigmoid_cuda.py": "cuda", "sigmoid_triton.
 
 def honest_file_sources() -> Iterator[Source]:
     for folder, pattern, backend in HONEST_DIRS:
-        for path in sorted((ROOT / folder).glob(pattern)):
-            rel = path.relative_to(ROOT).as_posix()
+        for path in sorted((REPO_ROOT / folder).glob(pattern)):
+            rel = path.relative_to(REPO_ROOT).as_posix()
             name = rel.removeprefix("tests/fixtures/").replace("benchmarks/throughput/candidates/", "throughput/")
             yield Source(name, "honest", backend, rel, path.read_text())
     for file, backend in EXAMPLES.items():
         rel = f"prompts/examples/{file}"
-        yield Source(f"examples/{file}", "honest", backend, rel, (ROOT / rel).read_text())
+        yield Source(f"examples/{file}", "honest", backend, rel, (REPO_ROOT / rel).read_text())
 
 
 def collect_sources() -> list[Source]:

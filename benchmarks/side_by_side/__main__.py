@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import REPO_ROOT
+from benchmarks.throughput.manifest import MANIFEST
 
-ROOT = REPO_ROOT
 HERE = Path(__file__).resolve().parent
-KB_TASKS = ROOT / "benchmarks" / "throughput" / "tasks"
+KB_TASKS = MANIFEST.parent / "tasks"  # the throughput benchmark's copies, where its manifest reads them
 CPU_RELU = """import torch
 import torch.nn as nn
 
@@ -57,7 +57,7 @@ CASES: dict[str, list[tuple[str, Path | None, Path]]] = {
         ),
         ("level1/19_ReLU", KB_TASKS / "level1" / "19_ReLU.py", HERE / "candidates" / "level1_19_relu.py"),
     ],
-    "cpu": [("relu 64x65536", None, ROOT / "tests" / "fixtures" / "cpu_solutions" / "1_relu.py")],
+    "cpu": [("relu 64x65536", None, REPO_ROOT / "tests" / "fixtures" / "cpu_solutions" / "1_relu.py")],
 }
 
 OURS = """
@@ -152,9 +152,9 @@ def main() -> None:
                 cache = Path(scratch) / f"{side}-{candidate.stem}"
                 for label in ("cold", "cached"):
                     if side == "kernelbench":
-                        wall, out = run_side(side, KERNELBENCH, [str(task_path), str(candidate), str(cache)], ROOT)
+                        wall, out = run_side(side, KERNELBENCH, [str(task_path), str(candidate), str(cache)], REPO_ROOT)
                     else:
-                        root = ROOT if side == "ours" else args.before
+                        root = REPO_ROOT if side == "ours" else args.before
                         assert root is not None
                         wall, out = run_side(side, OURS, [args.device, str(task_path), str(candidate), str(cache)], root)
                     status, speedup, stages = out.get("status"), out.get("speedup"), out.get("stages")
