@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kernel_refinery.tools.config import CLOCKS, EvalConfig
+from kernel_refinery.tools.config import EvalConfig, clock_of
 from kernel_refinery.tools.hardware import _cpu_flags, _cpu_model, nvml
 from kernel_refinery.tools.processes.sandbox import PROJECT_ROOT
 from kernel_refinery.traces.manifest import DeviceFacts, EvalFacts, RunManifest, SoftwareFacts, SourceFacts, TaskFile
@@ -139,7 +139,7 @@ def eval_facts(config: EvalConfig) -> EvalFacts:
         precision=config.precision,
         tolerance=config.precision_tolerance.atol,
         allow_tf32=config.allow_tf32,
-        timing=CLOCKS[config.timing] if config.device == "cuda" else "monotonic",
+        timing=clock_of(config.device, config.timing),
         trials=config.trials,
         warmup=config.warmup,
         correctness_trials=config.correctness_trials,

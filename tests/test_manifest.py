@@ -40,7 +40,7 @@ def test_this_machines_manifest_is_written_and_read_back(manifest: RunManifest, 
     assert manifest.software.torch and manifest.software.python.count(".") == 2
     assert "c++ (run)" in manifest.software.compilers
     assert manifest.device.kind == "cpu" and manifest.device.cores_used == 1 and manifest.device.name
-    assert (manifest.eval.trials, manifest.eval.precision, manifest.eval.tolerance, manifest.eval.timing) == (7, "fp32", 1e-4, "monotonic")
+    assert (manifest.eval.trials, manifest.eval.precision, manifest.eval.tolerance, manifest.eval.timing) == (7, "fp32", 1e-4, "judge")
     assert manifest.tasks[0].sha256 == sha256_of(RELU)
     assert read_manifest(tmp_path) is None, "a run from before manifests has none"
     write_manifest(tmp_path, manifest)

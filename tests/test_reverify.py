@@ -114,7 +114,7 @@ def test_reverify_with_another_timing_method_keeps_its_own_file(run_dir: Path) -
     saved = read_reverify(run_dir, "host")
     (recheck,) = saved.rechecks
     assert recheck.now.verdict is Verdict.CORRECT
-    assert saved.manifest is not None and saved.manifest.eval.timing == "monotonic"
+    assert saved.manifest is not None and saved.manifest.eval.timing == "judge"
     bad = refinery("reverify", run_dir, "--timing", "sundial")
     assert bad.exit_code == 2 and "--timing must be events, host or graph, not 'sundial'" in bad.output
 

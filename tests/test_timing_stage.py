@@ -1,4 +1,6 @@
-"""The judge's timing of the reference, in process: a torch.compile baseline that fails says why."""
+"""The timing stage's logic with the runners and the clock simulated (tools/steps/timing_stage.py):
+batches and the harness's cost, the A/A band, single calls where batching pays, checks afterwards,
+a torch.compile baseline that fails. The real runners and clock: tests/test_judge_clock.py."""
 
 from __future__ import annotations
 
@@ -9,10 +11,14 @@ from typing import Any
 import pytest
 import torch
 
+from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.config import EvalConfig
-from kernel_refinery.tools.processes.programs import Program
-from kernel_refinery.tools.steps.timing import Timer, stats
-from kernel_refinery.tools.steps.timing_stage import args_for_calls, measure_baseline
+from kernel_refinery.tools.processes.channel import Spec
+from kernel_refinery.tools.processes.jobs import StageFailed
+from kernel_refinery.tools.processes.programs import Program, tensors_of
+from kernel_refinery.tools.results import WindowReport
+from kernel_refinery.tools.steps.timing import stats
+from kernel_refinery.tools.steps.timing_stage import JudgedTiming, TimedPath, args_for_calls, time_candidate
 
 TASK = """
 import torch
@@ -29,143 +35,145 @@ def get_init_inputs():
 """
 
 
-def test_a_failed_compiled_baseline_records_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    task = types.ModuleType("task")
-    exec(TASK, task.__dict__)  # noqa: S102 - the test's own task program
-    program = Program(task=task, candidate=task, device=torch.device("cpu"))
+class Local:
+    """Stands in for a model in a runner: runs here, and takes `ms` a call on the simulated clock."""
 
-    def no_toolchain(model: Any, **_: Any) -> Any:
-        raise RuntimeError("no C++ compiler found\n")
-
-    # As on a machine without a toolchain: torch.compile raises.
-    monkeypatch.setattr(torch, "compile", no_toolchain)
-    cfg = EvalConfig(trials=3, warmup=1, time_compiled_reference=True)
-    cfg = cfg.model_copy(update={"guards": cfg.guards.model_copy(update={"speed_of_light": False})})
-    reference = program.reference(cfg.seed)
-    calls = args_for_calls(program, cfg, reference)
-    base = measure_baseline(Timer(program.device), program, cfg, reference, calls.make)
-    assert base.compiled is None
-    assert base.compiled_error == "RuntimeError: no C++ compiler found"
-    # Not asked for, nothing to explain.
-    off = cfg.model_copy(update={"time_compiled_reference": False})
-    base = measure_baseline(Timer(program.device), program, off, reference, calls.make)
-    assert base.compiled is None and base.compiled_error is None
+    def __init__(self, fn: Any, ms: float, fails: str = "") -> None:
+        self.fn, self.ms, self.fails = fn, ms, fails
 
 
-class BurstyRemote:
-    """Stands in for the runner: right outputs, a reported time, and a judge's clock that a burst of
-    load stretches by 5 ms on every call of the first `bursts` timings (or of all, when a liar)."""
+class SimulatedPath(TimedPath):
+    """The judge's path with the runner and the clock simulated: each hand-over runs its calls here and
+    takes HARNESS_MS plus the model's time per call, each drawn from one seeded distribution, whatever
+    ran. A unit test checks the stage's logic (batches, subtraction, band, overlap, checks), not this
+    machine's noise."""
 
-    def __init__(self, bursts: int, calls_per_timing: int) -> None:
-        self.bursts = bursts
-        self.calls_per_timing = calls_per_timing
-        self.calls = 0
-        self.link = types.SimpleNamespace(device=torch.device("cpu"))
+    HARNESS_MS = 0.2
 
-    def call(self, args: list[Any], specs: Any, timed: bool) -> tuple[Any, list[torch.Tensor]]:
-        timing = self.calls // self.calls_per_timing
-        self.calls += 1
-        stretched = 5.0 if timing < self.bursts else 0.0
-        reply = types.SimpleNamespace(elapsed_ms=0.01)
-        return types.SimpleNamespace(reply=reply, mismatch="", wall_ms=0.02 + stretched), [torch.relu(args[0])]
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.rng = random.Random(7)
+        self.single_ms: float | None = None
+        """When set, a candidate's single-call hand-overs take this long a call (its batches overlapped)."""
 
+    def _noise(self) -> float:
+        return self.rng.lognormvariate(0.0, 0.03)
 
-@pytest.mark.parametrize(("bursts", "passes"), [(0, True), (1, True), (2, True), (3, False)])
-def test_a_clock_check_failed_under_a_burst_of_load_is_timed_again(bursts: int, passes: bool) -> None:
-    """One timing of a fast kernel spans milliseconds: a burst of other work can stretch all of its
-    round trips. The candidate is timed again (up to CLOCK_ATTEMPTS timings); one that misreports on
-    every timing is rejected."""
-    from kernel_refinery.tools.processes.jobs import Rejected
-    from kernel_refinery.tools.steps.timing_stage import CLOCK_ATTEMPTS, Calibration, ClockedTiming
-
-    task = types.ModuleType("task")
-    exec(TASK, task.__dict__)  # noqa: S102 - the test's own task program
-    program = Program(task=task, candidate=None, device=torch.device("cpu"))
-    cfg = EvalConfig(trials=20, warmup=1)
-    reference = program.reference(cfg.seed)
-    calls = args_for_calls(program, cfg, reference)
-    remote = BurstyRemote(bursts, calls_per_timing=cfg.warmup + cfg.trials)
-    clocked = ClockedTiming(program, cfg, reference, remote, calls.make, (), Timer(program.device), Calibration(0.05, 0.05))  # type: ignore[arg-type]  # a stand-in runner
-    if passes:
-        run, _ = clocked.time(cfg.trials)
-        assert clocked.attempts == bursts + 1 and max(run.walls_ms) < 1.0
-    else:
-        with pytest.raises(Rejected, match="the judge's clock saw"):
-            clocked.time(cfg.trials)
-        assert clocked.attempts == CLOCK_ATTEMPTS
+    def hand_over(self, model: Any, first: int, calls: int) -> tuple[float, Any, tuple[float, ...]]:
+        if model.fails:
+            raise StageFailed(EvalStatus.RUNTIME_ERROR, model.fails)
+        outs = [tensors_of(model.fn(*self.make_args(first + j))) for j in range(calls)]
+        snapshot = tuple((None, torch.stack([o[k].reshape(-1) for o in outs])) for k in range(len(self.specs)))
+        per_call = model.ms if calls > 1 or self.single_ms is None or model.ms == 0 else self.single_ms
+        wall = self.HARNESS_MS * self._noise() + calls * per_call * self._noise()
+        return wall, snapshot, (per_call,) * calls
 
 
-class ReferenceAsCandidate:
-    """Stands in for the runner with a candidate identical to the reference: the same module,
-    timed by the same timer, its outputs handed back as they are."""
+class LocalReference:
+    """Stands in for the reference runner."""
 
-    def __init__(self, model: Any, timer: Timer, scale: float = 1.0) -> None:
-        self.model = model
-        self.timer = timer
-        self.scale = scale
-        self.link = types.SimpleNamespace(device=torch.device("cpu"))
-        self.arena: torch.Tensor | None = None
+    def __init__(self, reference: Any, ms: float, compiled_fails: str = "") -> None:
+        self.models = {
+            "reference": Local(reference, ms),
+            "null": Local(reference, 0.0),
+            "compiled": Local(reference, ms / 2, compiled_fails),
+        }
 
-    def call(self, args: list[Any], specs: Any, timed: bool) -> tuple[Any, list[torch.Tensor]]:
-        out, ms = self.timer.time_call(self.model, args)
-        # As the runner does: the output copied into the shared arena, its own memory freed.
-        if self.arena is None:
-            self.arena = torch.empty_like(out)
-        self.arena.copy_(out)
-        del out
-        reply = types.SimpleNamespace(elapsed_ms=ms * self.scale)
-        return types.SimpleNamespace(reply=reply, mismatch="", wall_ms=ms * self.scale + 0.01), [self.arena]
+    def model(self, role: str) -> Local:
+        return self.models[role]
 
 
-class SimulatedTimer(Timer):
-    """Runs each call but reports a time drawn from one seeded distribution, whatever ran: the
-    reference and a candidate identical to it are then alike by construction, on a loaded
-    machine too (a unit test checks the band's logic, not this machine's noise)."""
-
-    def __init__(self, device: torch.device, seed: int = 7) -> None:
-        super().__init__(device)
-        self.rng = random.Random(seed)
-
-    def _ms(self) -> float:
-        return self.rng.lognormvariate(0.0, 0.05)
-
-    def time_call(self, fn: Any, args: list[Any]) -> tuple[Any, float]:
-        with torch.no_grad():
-            return fn(*args), self._ms()
-
-    def _time_cpu(self, fn: Any, make_args: Any, warmup: int, trials: int, after_call: Any) -> list[float]:
-        with torch.no_grad():
-            for i in range(trials):
-                fn(*make_args(warmup + i))
-        return [self._ms() for _ in range(trials)]
+class NoWindows:
+    def run(self, what: Any, hold_runner: bool, measure: Any) -> tuple[Any, WindowReport]:
+        return measure(), WindowReport(what=what, seconds=0.0, others_cpu_ms=0.0)
 
 
 def _relu_program() -> Program:
     task = types.ModuleType("task")
-    exec(TASK.replace("torch.randn(256)", "torch.randn(64, 4096)"), task.__dict__)  # noqa: S102 - the test's own task program
+    exec(TASK.replace("torch.randn(256)", "torch.randn(16, 256)"), task.__dict__)  # noqa: S102 - the test's own task program
     return Program(task=task, candidate=None, device=torch.device("cpu"))
+
+
+def _timed(cfg: EvalConfig, reference_ms: float = 0.05, compiled_fails: str = "") -> tuple[SimulatedPath, JudgedTiming, Any]:
+    program = _relu_program()
+    reference = program.reference(cfg.seed)
+    calls = args_for_calls(program, cfg, reference)
+    specs = tuple(Spec.of(t) for t in tensors_of(reference(*calls.make(0))))
+    path = SimulatedPath(program, cfg, calls.make, specs, calls.source)
+    return path, JudgedTiming(path, LocalReference(reference, reference_ms, compiled_fails), NoWindows()), reference  # type: ignore[arg-type]  # stand-ins for the runners
+
+
+CFG = EvalConfig(trials=20, warmup=1, time_compiled_reference=False, cpu_threads=1)
+
+
+def test_a_failed_compiled_baseline_records_why() -> None:
+    """torch.compile of the reference failing in the reference runner (no toolchain, say): the baseline
+    says why, and the speedup is against eager."""
+    cfg = CFG.model_copy(update={"time_compiled_reference": True})
+    _, timed, reference = _timed(cfg, compiled_fails="RuntimeError: no C++ compiler found\nmore lines")
+    report = time_candidate(timed, reference, Local(reference, 0.05), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
+    assert report.reference_compiled is None
+    assert report.compiled_error == "RuntimeError: no C++ compiler found"
+    _, timed, reference = _timed(CFG)
+    report = time_candidate(timed, reference, Local(reference, 0.05), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
+    assert report.reference_compiled is None and report.compiled_error is None
+
+
+def test_short_calls_are_batched_and_the_harness_subtracted() -> None:
+    """A reference of 50 us against a 200 us hand-over: K is chosen so that a batch's calls take ten
+    hand-overs' worth, and the per-call times come out as the calls', not the harness's."""
+    _, timed, reference = _timed(CFG, reference_ms=0.05)
+    report = time_candidate(timed, reference, Local(reference, 0.025), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
+    assert report.timed_by == "judge"
+    assert report.batch_calls >= 10 * SimulatedPath.HARNESS_MS / 0.05 * 0.8
+    assert report.reference.median == pytest.approx(0.05, rel=0.1)
+    assert report.candidate.median == pytest.approx(0.025, rel=0.1)
+    assert report.speedup == pytest.approx(2.0, rel=0.1)
+    assert report.scored_from == "batches" and len(report.checked_calls) == CFG.guards.checked_timed_calls + 1
+
+
+def test_a_candidate_whose_batches_gain_more_than_the_references_is_scored_from_single_calls() -> None:
+    """Calls that overlap within a batch (or read ahead) make a batch faster than its calls one by
+    one; the reference's do not. Both sides are then scored from single calls, and the report says why."""
+    path, timed, reference = _timed(CFG, reference_ms=0.05)
+    path.single_ms = 0.05  # one call at a time the candidate is the reference's equal
+    report = time_candidate(timed, reference, Local(reference, 0.0125), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
+    assert report.scored_from == "single_calls", report
+    assert report.speedup == pytest.approx(1.0, rel=0.15)
+    assert "gained more from batching" in report.note
 
 
 def test_the_reference_against_itself_is_no_difference() -> None:
     """The A/A run: the reference timed twice gives the band; a candidate that is the reference lies inside it."""
-    from kernel_refinery.tools.steps.timing_stage import calibrate, time_candidate
-
-    program = _relu_program()
-    cfg = EvalConfig(trials=30, warmup=2, time_compiled_reference=False, cpu_threads=1)
-    reference = program.reference(cfg.seed)
-    timer = SimulatedTimer(program.device)
-    remote = ReferenceAsCandidate(reference, timer)
-    report = time_candidate(timer, program, cfg, reference, remote, {}, ("relu",), calibrate(timer))  # type: ignore[arg-type]  # a stand-in runner
+    _, timed, reference = _timed(CFG, reference_ms=5.0)
+    report = time_candidate(timed, reference, Local(reference, 5.0), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
+    assert report.batch_calls == 1
     assert report.noise_band is not None and report.noise_band[0] < 1 < report.noise_band[1]
     assert report.within_noise is True, (report.speedup, report.noise_band)
     assert report.baseline == "eager"
     # A candidate a fifth faster on the same noise is a difference.
-    faster = ReferenceAsCandidate(reference, timer, scale=0.8)
-    report = time_candidate(timer, program, cfg, reference, faster, {}, ("relu",), calibrate(timer))  # type: ignore[arg-type]  # a stand-in runner
+    _, timed, reference = _timed(CFG, reference_ms=5.0)
+    report = time_candidate(timed, reference, Local(reference, 4.0), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
     assert report.within_noise is False and report.speedup > report.noise_band[1], (report.speedup, report.noise_band)  # type: ignore[index]  # checked above
     # Off: no A/A run, nothing marked.
-    off = time_candidate(timer, program, cfg.model_copy(update={"noise_band": False}), reference, remote, {}, ("relu",), calibrate(timer))  # type: ignore[arg-type]  # a stand-in runner
+    _, timed, reference = _timed(CFG.model_copy(update={"noise_band": False}), reference_ms=5.0)
+    off = time_candidate(timed, reference, Local(reference, 5.0), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
     assert off.noise_band is None and off.within_noise is None
+
+
+def test_a_stale_output_in_a_batch_is_found_by_the_calls_checked_afterwards() -> None:
+    """Every slot of a batch is sampled when it ends; the calls compared are drawn afterwards. A
+    candidate that returns the first call's output on every later call fails on one of them."""
+    _, timed, reference = _timed(CFG, reference_ms=0.05)
+    memo: list[torch.Tensor] = []
+
+    def stale(x: torch.Tensor) -> torch.Tensor:
+        if not memo:
+            memo.append(torch.relu(x))
+        return memo[0].clone()
+
+    with pytest.raises(StageFailed, match="returned a wrong output for its own inputs"):
+        time_candidate(timed, reference, Local(stale, 0.01), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
 
 
 def test_the_speedup_is_against_the_chosen_baseline() -> None:

@@ -47,6 +47,11 @@ def default_pch_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "kernel-refinery" / "pch"
 
 
+def default_quiet() -> Literal["require", "record"]:
+    """REFINERY_QUIET=record keeps timings taken beside other work (with a note), for a machine that is never idle."""
+    return "record" if os.environ.get("REFINERY_QUIET") == "record" else "require"
+
+
 class Guards(BaseModel):
     """Guards against stale, aliased, deferred or decoy outputs; each can be switched off for an
     ablation or a cost benchmark, and the settings in force travel with every result."""
@@ -81,8 +86,14 @@ class Guards(BaseModel):
     two catches on the tests' hacks (results/kernelguard_eval.json) but goes by names."""
 
 
-CLOCKS: dict[str, str] = {"events": "cuda-events", "host": "host-wall", "graph": "cuda-graph"}
-"""The clock each CUDA timing method records (EvalConfig.timing); CPU timings record "monotonic"."""
+CLOCKS: dict[str, str] = {"events": "judge", "host": "judge", "graph": "judge/cuda-graph", "cpu": "judge"}
+"""The clock each timing records: always the judge's monotonic clock around a hand-over
+(tools/steps/timing_stage.py); with EvalConfig.timing "graph" on CUDA, each call replays a CUDA graph."""
+
+
+def clock_of(device: str, timing: str) -> str:
+    """The clock a timing on `device` with method `timing` records."""
+    return CLOCKS[timing] if device == "cuda" else CLOCKS["cpu"]
 
 
 class EvalConfig(BaseModel):
@@ -107,9 +118,10 @@ class EvalConfig(BaseModel):
     time_compiled_reference: bool = True
     """Also time torch.compile of the reference (costs a compile per task; cached per run)."""
     timing: Literal["events", "host", "graph"] = "events"
-    """How each call is timed on CUDA, the reference's and the candidate's alike (tools/steps/timing.py):
-    CUDA events (default), the host's clock around the synchronized call, or CUDA-graph replay for
-    microsecond kernels. On CPU every method is the monotonic clock. Every result records which."""
+    """How each call runs on CUDA, the reference's and the candidate's alike: "graph" replays a CUDA
+    graph of the forward captured once (no Python in the timed calls); "events" and "host" call the
+    forward. Either way the judge's clock times the hand-over (tools/steps/timing_stage.py); the
+    runner's own figure, a diagnostic, is taken with CUDA events or the host's clock."""
     baseline: Literal["eager", "compile", "best"] = "eager"
     """What a speedup is measured against: eager PyTorch (the paper's), torch.compile of the
     reference, or the faster of the two per task. "compile" and "best" time the compiled reference
@@ -123,6 +135,11 @@ class EvalConfig(BaseModel):
     one is used only after a short re-timing of the reference in the worker agrees with it."""
     remeasure_baselines: bool = False
     """Time every reference in full even when a stored baseline exists, and overwrite the file."""
+    quiet: Literal["require", "record"] = Field(default_factory=lambda: default_quiet())
+    """The reference, the harness's cost and the candidate are timed while every other candidate
+    runner is stopped and the machine is checked idle (tools/processes/quiet.py). "require": a timing
+    that finds the machine busy after a few tries fails with what ran beside it; "record": it is
+    kept, and its report says what ran."""
     reverify_speedup: float = 10.0
     reverify_trials: int = 10
     profile_rows: int = 12

@@ -51,7 +51,11 @@ class Evaluator:
         )
         self.owns_judge = judge is None
         self.judge = judge or Judge(
-            device=config.device, threads=self.worker.threads, gpu_index=self.worker.gpu_index, cores=self.worker.cores
+            device=config.device,
+            threads=self.worker.threads,
+            gpu_index=self.worker.gpu_index,
+            cores=self.worker.cores,
+            cache_dir=config.cache_dir,
         )
 
     def __enter__(self) -> Self:

@@ -140,6 +140,25 @@ class TimingStats(Frozen):
     clock: str = Field(description="cuda-events, host-wall or cuda-graph (EvalConfig.timing), or monotonic on CPU")
 
 
+class WindowReport(Frozen):
+    """What ran beside one timing window (tools/processes/quiet.py)."""
+
+    what: Literal["reference", "harness", "candidate", "spot check"]
+    seconds: float
+    others_cpu_ms: float
+    """CPU time of processes other than the judge and the runner being timed."""
+    steal_ms: float = 0.0
+    """Time the hypervisor gave these cores to other machines (recorded, not judged)."""
+    held: int = 0
+    """Runner processes stopped for the window."""
+    attempts: int = 1
+    quiet: bool = True
+    gpu_checked: str = ""
+    """How the GPU was checked for other processes' work ("nvml", or why not); "" on CPU."""
+    note: str = ""
+    """What ran beside it, when it was not quiet."""
+
+
 class TimingReport(Frozen):
     candidate: TimingStats
     reference: TimingStats
@@ -166,15 +185,41 @@ class TimingReport(Frozen):
     floor_retimed: bool = False
     """Timed below the speed-of-light floor, then timed again with every output checked: the
     candidate's figures are the second timing's."""
+    timed_by: Literal["judge", "runner"] = "runner"
+    """"judge": every figure here is the judge's clock (tools/steps/timing_stage.py). "runner": a
+    result from before that, whose candidate times the candidate's own process reported."""
+    batch_calls: int = 1
+    """Calls per hand-over of the candidate: the judge times batches of this many calls, chosen from
+    the reference's time so that the harness's cost is a small share of a batch (from the
+    candidate's own, when it is far faster than the reference)."""
+    reference_batch_calls: int = 1
+    """Calls per hand-over of the reference."""
+    harness_ms: float | None = None
+    """The harness's cost of one batch (writing the inputs, the round trip, reading the outputs
+    back), measured the same way on the null model and subtracted from every batch of both sides."""
+    harness_single_ms: float | None = None
+    """The same for a hand-over of one call."""
+    single_call: TimingStats | None = None
+    """The candidate handed one call at a time (when batch_calls > 1), per call, harness subtracted."""
+    reference_single: TimingStats | None = None
+    """The reference the same way."""
+    scored_from: Literal["batches", "single_calls"] = "batches"
+    """"single_calls": the candidate gained more from batching than the reference did (its calls
+    overlapped, or it read ahead): it is scored from single calls on both sides."""
+    runner_reported_ms: float | None = None
+    """What the candidate's own process measured per call (median): a diagnostic, never used."""
+    windows: tuple[WindowReport, ...] = ()
+    """The quiet windows the timings were taken in."""
+    note: str = ""
+    """What happened on the way, in words (a spot check refused, a window timed again)."""
     judge_wall_ms: float | None = None
-    """The judge's own clock per call (median), from handing over the inputs to the outputs being
-    ready; the reported candidate times were checked against it."""
+    """Results before `timed_by` "judge": the judge's own clock per call, which bounded the reported times."""
     clock_attempts: int = 1
-    """Timings the clock check took: a timing whose round trips a burst of load stretched is timed
-    again after the harness's overhead is measured anew; the figures are the passing timing's."""
-    reference_source: Literal["measured", "cached"] = "measured"
-    """Where the reference's timings came from: timed in full by this worker, or read from the
-    baseline cache after a spot check in this worker agreed with them (see tools/steps/baseline_cache.py)."""
+    """Results before `timed_by` "judge": timings the old clock check took."""
+    reference_source: Literal["measured", "cached", "remeasured"] = "measured"
+    """Where the reference's timings came from: timed in full by this judge, read from the baseline
+    cache after a spot check in quiet agreed with them (see tools/steps/baseline_cache.py), or timed
+    again in quiet after two spot checks disagreed with the cache."""
     reference_spot_ms: float | None = None
     """The median of the spot check, whenever one ran: with "cached", the check that let the stored
     baseline be used; with "measured", the one that rejected it."""

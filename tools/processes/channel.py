@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler, recv_handle, send_handle
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.multiprocessing
@@ -91,6 +91,20 @@ class Arena:
             self._base = torch.frombuffer(self._map, dtype=torch.uint8)
         self.tensors = _views(self._base, specs)
 
+    def stacked(self, per_call: int) -> list[torch.Tensor]:
+        """For an arena of one group of `per_call` outputs per call: output j of every call as one
+        (calls, numel) view, so that the judge reads a batch's outputs in one operation each."""
+        calls = len(self.specs) // per_call
+        offsets, _ = _layout(self.specs)
+        stride = offsets[per_call] - offsets[0] if calls > 1 else 0
+        views = []
+        for j, spec in enumerate(self.specs[:per_call]):
+            typed = self._base.view(spec.torch_dtype)
+            size = typed.element_size()
+            numel = spec.nbytes // size
+            views.append(torch.as_strided(typed, (calls, numel), (stride // size, 1), offsets[j] // size))
+        return views
+
     def send(self, conn: Connection) -> None:
         """Hand the arena to the runner at the other end of `conn`."""
         if self.device.type == "cuda":
@@ -142,11 +156,28 @@ class OutputMeta:
 # Judge -> runner requests. Each gets one reply.
 
 
+Role = Literal["candidate", "reference", "compiled", "null"]
+"""What a Build constructs: ModelNew (in the candidate's runner only), or, in the reference runner,
+the task's Model, torch.compile of it, or the null model (no work, outputs of the given specs)."""
+
+
 @dataclass(frozen=True)
 class Build:
-    """Construct ModelNew from the init inputs of `seed`, with the reference's weights; reply Built."""
+    """Construct a model from the init inputs of `seed` (ModelNew with the reference's weights); reply Built."""
 
     seed: int
+    role: Role = "candidate"
+    specs: tuple[Spec, ...] = ()
+    """The null model's outputs."""
+
+
+@dataclass(frozen=True)
+class LoadTask:
+    """The reference runner only: load this task program at this precision; reply Built(-1)."""
+
+    source: str
+    dtype: str
+    allow_tf32: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,8 +187,18 @@ class Call:
     model: int
     args: tuple[SlotArg, ...]
     record_ops: bool = False
-    timed: bool = False
-    """Time the call on the device's clock (L2 flushed, device-wide synchronize) and report it."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Timed by the judge: run model `model` once per argument set, one call after another, each
+    call's outputs copied into its own group of the output arena (the arena holds one group per
+    call); reply BatchDone. On CUDA the device is synchronized after each call; with `graph`, each
+    call replays a CUDA graph of the model captured on the first batch."""
+
+    model: int
+    calls: tuple[tuple[SlotArg, ...], ...]
+    graph: bool = False
 
 
 @dataclass(frozen=True)
@@ -228,7 +269,21 @@ class Called:
     problem: str = ""
     """Why the outputs are not acceptable (a subclass, memory shared with an input), or ""."""
     state_changes: tuple[str, ...] = ()
-    elapsed_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    outputs: tuple[OutputMeta, ...]
+    """What the first call whose outputs did not fit the arena returned (all of call 0's when all fit)."""
+    copied: bool
+    """Every call's outputs matched the output arena's specs and were copied into its group."""
+    kernel_calls: int
+    """Calls into the candidate's compiled kernels, over the whole batch."""
+    problem: str = ""
+    runner_ms: tuple[float, ...] = ()
+    """The runner's own clock per call (CUDA events or the monotonic clock). A diagnostic, recorded
+    and never used for a verdict: native code in this process can make it say anything."""
+    state_changes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,32 @@ class JobReply(Frozen):
     it, says why (a crash, a timeout, memory)."""
     isolation: str = ""
     """From the runner's load: how the candidate's process is confined (filesystem, capabilities, audit hook)."""
+    judge_broken: bool = False
+    """From the judge: its own reference runner died; the parent starts a fresh judge for the next job."""
+
+
+# The judge asks the parent for quiet during a job (tools/processes/quiet.py); each gets one answer.
+
+
+class QuietRequest(Frozen):
+    """Stop every other candidate runner of the device, and the job's own when `hold_runner`."""
+
+    hold_runner: bool
+
+
+class QuietGranted(Frozen):
+    held: tuple[int, ...]
+    """The processes stopped."""
+    runner: int
+    """The job's runner (its process group leader)."""
+
+
+class QuietRelease(Frozen):
+    """Let them run again."""
+
+
+class QuietReleased(Frozen):
+    pass
 
 
 class StageFailed(Exception):

@@ -7,13 +7,15 @@ candidate's process (the runner, tools/processes/worker_main.py) and does every 
 depends on, here:
 - it loads the task, builds the reference, draws every input from the OS's entropy (seeds the
   runner never sees) and writes them into shared memory only when a call starts;
-- it times the reference, and only it reads and writes the baseline cache;
+- it times both sides with its own clock, the reference through its reference runner (a runner
+  that never loads candidate code, started with the judge) and the candidate through the
+  candidate's runner, by the same path, in quiet windows (tools/steps/timing_stage.py,
+  tools/processes/quiet.py); only it reads and writes the baseline cache;
 - it compares the candidate's outputs, read back from shared memory, with the reference's;
 - it chooses, after a timing, which timed calls to check, and samples their outputs the moment
-  each call ended;
-- it checks the runner's reported times against its own clock and computes the statistics.
+  each batch ended; it computes the statistics.
 The runner only builds models, runs calls and reports what it saw, which can only make a
-verdict stricter.
+verdict stricter; its own clock is recorded as a diagnostic.
 """
 
 from __future__ import annotations
@@ -30,30 +32,54 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import structlog
 import torch
 
 from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.channel import Spec
 from kernel_refinery.tools.processes.confine import not_dumpable
-from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, Rejected, StageFailed
-from kernel_refinery.tools.processes.programs import Program, import_source, source_hash
+from kernel_refinery.tools.processes.jobs import (
+    EvalJob,
+    JobReply,
+    QuietGranted,
+    QuietRelease,
+    QuietRequest,
+    Rejected,
+    StageFailed,
+)
+from kernel_refinery.tools.processes.programs import Program, import_source, source_hash, tensors_of
+from kernel_refinery.tools.processes.quiet import GpuSamples, Window
 from kernel_refinery.tools.processes.remote import RunnerGone, RunnerLink
 from kernel_refinery.tools.processes.startup import StartSteps
 from kernel_refinery.tools.processes.worker_main import apply_tf32_policy, describe, die_with_parent
-from kernel_refinery.tools.results import CorrectnessReport, Frozen, ProfileReport, Stage, TimingReport
+from kernel_refinery.tools.results import CorrectnessReport, Frozen, ProfileReport, Stage, TimingReport, WindowReport
 from kernel_refinery.tools.stages import STEP, steps_in
 from kernel_refinery.tools.steps.aten_ops import OpRecorder
 from kernel_refinery.tools.steps.baseline_cache import store_for
 from kernel_refinery.tools.steps.correctness import check_correctness, compare, verify_after_timing
-from kernel_refinery.tools.steps.timing import Timer
-from kernel_refinery.tools.steps.timing_stage import Baseline, Calibration, calibrate, time_candidate
+from kernel_refinery.tools.steps.timing_stage import (
+    Baseline,
+    JudgedTiming,
+    ReferenceRunner,
+    TimedPath,
+    args_for_calls,
+    time_candidate,
+)
 
 log = structlog.get_logger()
 
 RUNNER_GONE = "the candidate's process ended while the judge was waiting for it"
+QUIET_ATTEMPTS = 3
+"""Windows a timing gets before the machine is called busy (tools/processes/quiet.py)."""
+
+T = TypeVar("T")
+
+
+class ReferenceRunnerGone(RunnerGone):
+    """The judge's own reference runner ended: the judge is replaced, the candidate not blamed."""
 
 
 @dataclass
@@ -62,9 +88,13 @@ class JudgeState:
     workdir: Path
     tasks: dict[str, ModuleType] = field(default_factory=dict)
     baselines: dict[tuple[Any, ...], Baseline] = field(default_factory=dict)
-    timer: Timer | None = None
-    calibrations: dict[str, Calibration] = field(default_factory=dict)
-    """The harness's own cost per timing method, measured at its first use."""
+    reference: RunnerLink | None = None
+    """The reference runner: a runner that never loads candidate code, through which the judge times the reference."""
+    reference_pid: int | None = None
+    gpu: GpuSamples | None = None
+    """NVML's view of the GPU, to check a window idle (CUDA only)."""
+    flush: torch.Tensor | None = None
+    """The judge's L2 flush buffer (CUDA)."""
 
     def task(self, job: EvalJob) -> ModuleType:
         key = source_hash(job.task_source)
@@ -80,6 +110,71 @@ def _salt() -> int:
     return random.SystemRandom().getrandbits(40)
 
 
+@dataclass
+class JudgeQuiet:
+    """Quiet windows through the parent, which stops the other runners (tools/processes/quiet.py),
+    checked here against what the kernel and NVML say ran beside them."""
+
+    state: JudgeState
+    cfg: EvalConfig
+    parent: Connection | None
+    """None when the judge runs without a parent (a test): nothing is stopped, the window is still checked."""
+    runner_pid: int | None
+
+    def _ask(self, message: object) -> object:
+        assert self.parent is not None
+        self.parent.send(message)
+        return self.parent.recv()
+
+    def run(
+        self, what: Literal["reference", "harness", "candidate", "spot check"], hold_runner: bool, measure: Callable[[], T]
+    ) -> tuple[T, WindowReport]:
+        cores = sorted(os.sched_getaffinity(0))
+        every_core = len(cores) == os.cpu_count()
+        for attempt in range(1, QUIET_ATTEMPTS + 1):
+            held: tuple[int, ...] = ()
+            if self.parent is not None:
+                granted = self._ask(QuietRequest(hold_runner=hold_runner))
+                if not isinstance(granted, QuietGranted):
+                    raise StageFailed(EvalStatus.RUNTIME_ERROR, f"the evaluator did not grant a quiet window ({granted!r})")
+                held = granted.held
+            allowed = {os.getpid(), *([self.state.reference_pid] if self.state.reference_pid else [])}
+            if not hold_runner and self.runner_pid:
+                allowed.add(self.runner_pid)
+            try:
+                window = Window(allowed, None if every_core else cores, self.state.gpu)
+                value = measure()
+                activity = window.close()
+            finally:
+                if self.parent is not None:
+                    self._ask(QuietRelease())
+            report = WindowReport(
+                what=what,
+                seconds=round(activity.seconds, 4),
+                others_cpu_ms=round(activity.others_cpu_s * 1e3, 1),
+                steal_ms=round(activity.steal_s * 1e3, 1),
+                held=len(held),
+                attempts=attempt,
+                quiet=activity.quiet,
+                gpu_checked=activity.gpu_checked,
+                note="" if activity.quiet else activity.describe(),
+            )
+            if activity.quiet:
+                return value, report
+            log.info("window_not_quiet", what=what, attempt=attempt, why=activity.describe())
+            if attempt == QUIET_ATTEMPTS:
+                if self.cfg.quiet == "record":
+                    return value, report
+                raise StageFailed(
+                    EvalStatus.RUNTIME_ERROR,
+                    f"the machine was never quiet while the judge timed the {what} ({QUIET_ATTEMPTS} windows): "
+                    f"{activity.describe()}. A time taken so is not honest; stop other work on this machine, or set "
+                    "eval.quiet=record to keep such timings with a note",
+                )
+            time.sleep(0.2 * attempt)
+        raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class Judged:
     """What the judge's steps of one job share."""
@@ -88,6 +183,7 @@ class Judged:
     job: EvalJob
     program: Program
     first_seed: int
+    quiet: JudgeQuiet
 
 
 def _correctness(run: Judged) -> CorrectnessReport:
@@ -97,13 +193,17 @@ def _correctness(run: Judged) -> CorrectnessReport:
 def _timing(run: Judged) -> TimingReport:
     state, job, program, first_seed = run.state, run.job, run.program, run.first_seed
     cfg = job.config
-    if state.timer is None:
-        state.timer = Timer(state.device)
-    state.timer.use(cfg.timing)
-    if cfg.timing not in state.calibrations:
-        state.calibrations[cfg.timing] = calibrate(state.timer)
+    if state.reference is None:
+        raise StageFailed(EvalStatus.RUNTIME_ERROR, "the judge has no reference runner to time the reference through")
     ref_model = program.reference(cfg.seed)
     new_model = program.new_model(cfg.seed)
+    calls = args_for_calls(program, cfg, ref_model)
+    with torch.no_grad():
+        specs = tuple(Spec.of(t) for t in tensors_of(ref_model(*calls.make(0))))
+    if program.device.type == "cuda" and state.flush is None:
+        state.flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.float32, device=program.device)
+    path = TimedPath(program, cfg, calls.make, specs, calls.source, flush=state.flush)
+    reference = ReferenceRunner(state.reference, program, cfg, specs, job.task_source)
     baseline_key = (
         source_hash(job.task_source),
         cfg.warmup,
@@ -115,9 +215,13 @@ def _timing(run: Judged) -> TimingReport:
         cfg.precision,
         cfg.allow_tf32,
     )
-    report = time_candidate(
-        state.timer, program, cfg, ref_model, new_model, state.baselines, baseline_key, state.calibrations[cfg.timing], store_for(cfg)
-    )
+    try:
+        report = time_candidate(
+            JudgedTiming(path, reference, run.quiet), ref_model, new_model, state.baselines, baseline_key, store_for(cfg)
+        )
+    finally:
+        with contextlib.suppress(RunnerGone):
+            state.reference.end()
     after = verify_after_timing(program, cfg, ref_model, new_model, cfg.seed + 3_000_003)
     if not after.passed:
         raise StageFailed(EvalStatus.INCORRECT, f"after timing, on new inputs: {after.reason} (is an output cached across calls?)")
@@ -143,8 +247,11 @@ if tuple(HANDLERS) != steps_in("judge"):
     raise RuntimeError(f"judge: handlers for {list(HANDLERS)}, but tools/stages.py gives the judge {list(steps_in('judge'))}")
 
 
-def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
-    """The device stages of one candidate that the job asks for, in the table's order (tools/stages.py)."""
+def run_job(state: JudgeState, job: EvalJob, link: RunnerLink, parent: Connection | None = None, runner_pid: int | None = None) -> JobReply:
+    """The device stages of one candidate that the job asks for, in the table's order (tools/stages.py).
+
+    `parent`: the connection to the evaluator, which stops other runners for a quiet window;
+    `runner_pid`: the candidate's runner, whose CPU a candidate's window allows."""
     cfg: EvalConfig = job.config
     seconds: dict[str, float] = {}
     parts: dict[str, Any] = {}
@@ -153,7 +260,7 @@ def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
     first_seed = cfg.seed + _salt()
     try:
         program = Program(state.task(job), None, state.device, dtype=getattr(torch, cfg.dtype_name), build=link.build, input_salt=_salt())
-        run = Judged(state, job, program, first_seed)
+        run = Judged(state, job, program, first_seed, JudgeQuiet(state, cfg, parent, runner_pid))
         for stage in [s for s in steps_in("judge") if s in job.stages]:
             started = time.perf_counter()
             parts[STEP[stage].fills] = report = HANDLERS[stage](run)
@@ -163,6 +270,8 @@ def run_job(state: JudgeState, job: EvalJob, link: RunnerLink) -> JobReply:
         changes = link.end()
         if changes:
             raise Rejected(f"after the calls, the candidate had changed settings the evaluation pins: {'; '.join(changes)}")
+    except ReferenceRunnerGone as exc:
+        return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=str(exc), stage_seconds=seconds, judge_broken=True, **parts)
     except RunnerGone:
         return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=RUNNER_GONE, stage_seconds=seconds, runner_gone=True, **parts)
     except StageFailed as exc:
@@ -204,17 +313,36 @@ def warm_up(device: torch.device) -> None:
 
 
 def serve(conn: Connection, state: JudgeState, start_seconds: dict[str, float]) -> None:
+    """Jobs from the parent: ("reference", pid) then the reference runner's socket, once; ("job",
+    job, runner pid) then the candidate's runner's socket, each answered with a JobReply."""
     conn.send(("ready", start_seconds))
     while True:
         try:
-            job = conn.recv()
+            message = conn.recv()
         except EOFError:
             return
-        if job is None:
+        if message is None:
             return
         fd = recv_handle(conn)
+        if message[0] == "reference":
+            state.reference, state.reference_pid = _ReferenceLink(Connection(fd), state.device), message[1]
+            continue
+        _, job, runner_pid = message
         link = RunnerLink(Connection(fd), state.device)
-        conn.send(run_job(state, job, link))
+        conn.send(run_job(state, job, link, conn, runner_pid))
+
+
+class _ReferenceLink(RunnerLink):
+    """The reference runner's end: its death is the judge's problem, never the candidate's."""
+
+    def _gone(self, exc: BaseException) -> Exception:
+        return ReferenceRunnerGone(f"the judge's reference runner ended while timing the reference ({exc}); the judge is restarted")
+
+    def end(self) -> tuple[str, ...]:
+        """Its models and arenas released after each job; the runner serves the next."""
+        changes = super().end()
+        self.closed = False
+        return changes
 
 
 def main() -> None:
@@ -242,8 +370,11 @@ def main() -> None:
         steps.mark("cuda_context")
     warm_up(device)
     steps.mark("warm_up")
+    state = JudgeState(device=device, workdir=Path.cwd())
+    if device.type == "cuda":
+        state.gpu = GpuSamples(device.index or 0)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    serve(Connection(args.fd), JudgeState(device=device, workdir=Path.cwd()), steps.seconds)
+    serve(Connection(args.fd), state, steps.seconds)
 
 
 if __name__ == "__main__":

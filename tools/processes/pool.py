@@ -114,12 +114,17 @@ class EvaluatorPool:
         self.started = time.monotonic()
         if config.device == "cuda":
             n_devices = devices or max(1, gpu_count())
-            self.devices = [Device(name=f"cuda:{i}", judge=Judge(device="cuda", gpu_index=i)) for i in range(n_devices)]
+            self.devices = [
+                Device(name=f"cuda:{i}", judge=Judge(device="cuda", gpu_index=i, cache_dir=config.cache_dir)) for i in range(n_devices)
+            ]
             groups: list[list[int] | None] = [None] * n_devices
         else:
             core_groups = cpu_groups(devices or workers)
             self.devices = [
-                Device(name=f"cpu[{','.join(map(str, g))}]", judge=Judge(device="cpu", threads=config.cpu_threads or len(g), cores=g))
+                Device(
+                    name=f"cpu[{','.join(map(str, g))}]",
+                    judge=Judge(device="cpu", threads=config.cpu_threads or len(g), cores=g, cache_dir=config.cache_dir),
+                )
                 for g in core_groups
             ]
             groups = list(core_groups)

@@ -9,7 +9,7 @@ outputs are compared, and the reported times checked against this process's cloc
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -19,6 +19,8 @@ import torch
 from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.processes.channel import (
     Arena,
+    Batch,
+    BatchDone,
     Build,
     Built,
     Call,
@@ -26,10 +28,12 @@ from kernel_refinery.tools.processes.channel import (
     End,
     Failed,
     Inputs,
+    LoadTask,
     OutputMeta,
     Outputs,
     Profile,
     Profiled,
+    Role,
     Share,
     Shared,
     SlotArg,
@@ -64,13 +68,16 @@ class RunnerLink:
     arenas: dict[str, list[Arena]] = field(default_factory=dict)
     """Every arena of this job by its role, numbered as the runner knows them."""
 
+    def _gone(self, exc: BaseException) -> Exception:
+        return RunnerGone(str(exc))
+
     def request(self, message: object) -> Any:
         started = time.perf_counter()
         try:
             self.conn.send(message)
             reply = self.conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
-            raise RunnerGone(str(exc)) from None
+            raise self._gone(exc) from None
         kind = type(message).__name__
         self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - started
         if isinstance(reply, Failed):
@@ -79,18 +86,26 @@ class RunnerLink:
             raise StageFailed(EvalStatus(reply.status), reply.message, fatal=reply.fatal)
         return reply
 
-    def build(self, seed: int) -> RemoteModel:
-        reply = self.request(Build(seed))
+    def build(self, seed: int, role: Role = "candidate", specs: tuple[Spec, ...] = ()) -> RemoteModel:
+        reply = self.request(Build(seed, role, specs))
         assert isinstance(reply, Built)
         if reply.state_changes:
             raise _state_rejection(reply.state_changes, "in ModelNew's constructor")
-        return RemoteModel(self, reply.model)
+        return RemoteModel(self, reply.model, candidate=role == "candidate")
 
-    def place_inputs(self, args: Sequence[Any]) -> tuple[SlotArg, ...]:
-        """Write the tensors of `args` into the input arena (a new one when their specs changed)."""
+    def load_task(self, source: str, dtype: str, allow_tf32: bool) -> None:
+        """The reference runner: load the task program (once per task and precision)."""
+        self.request(LoadTask(source, dtype, allow_tf32))
+
+    def input_arena_for(self, args: Sequence[Any]) -> None:
+        """Switch to the input arena of these arguments' specs (a message to the runner the first time)."""
         specs = tuple(Spec.of(a) for a in args if isinstance(a, torch.Tensor))
         if self.inputs is None or self.inputs.specs != specs:
             self._replace("inputs", specs)
+
+    def place_inputs(self, args: Sequence[Any]) -> tuple[SlotArg, ...]:
+        """Write the tensors of `args` into the input arena (a new one when their specs changed)."""
+        self.input_arena_for(args)
         assert self.inputs is not None
         template: list[SlotArg] = []
         slot = 0
@@ -128,7 +143,7 @@ class RunnerLink:
                 arena.send(self.conn)
             self.conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
-            raise RunnerGone(str(exc)) from None
+            raise self._gone(exc) from None
 
     def end(self) -> tuple[str, ...]:
         """Release the runner; returns the settings it saw changed since the last call (checked after each)."""
@@ -168,41 +183,90 @@ class RemoteCall:
     reply: Called
     mismatch: str
     """Why the outputs do not fit the reference's (count, shape, dtype), or "" when they were copied."""
+
+
+@dataclass
+class HandOver:
+    """One timed batch as the judge saw it: its clock and what it read back."""
+
+    reply: BatchDone
     wall_ms: float
-    """The judge's clock, from handing the inputs over to the outputs being readable."""
+    """The judge's clock, from before the batch's inputs were written to after its outputs were read."""
+    read: Any
+    """What `read` took of the output arena, inside the clock (None when the outputs did not fit it)."""
+    mismatch: str
+    """Why the outputs do not fit the reference's (count, shape, dtype), or ""."""
 
 
 @dataclass
 class RemoteModel:
-    """A ModelNew instance living in the runner."""
+    """A model living in a runner: ModelNew in the candidate's, or the reference (and the null
+    model) in the judge's reference runner."""
 
     link: RunnerLink
     model: int
+    candidate: bool = True
+    """Each call must reach the candidate's own compiled kernels (not asked of the reference)."""
 
-    def call(
-        self, args: Sequence[Any], expected: tuple[Spec, ...], record_ops: bool = False, timed: bool = False
-    ) -> tuple[RemoteCall, list[torch.Tensor]]:
-        """Run the candidate on `args`; its outputs live in the output arena until the next call.
+    def call(self, args: Sequence[Any], expected: tuple[Spec, ...], record_ops: bool = False) -> tuple[RemoteCall, list[torch.Tensor]]:
+        """Run the model on `args`; its outputs live in the output arena until the next call.
 
         Raises Rejected for a hack the runner or the judge saw: settings changed, an input
         modified, an output that is not a plain tensor of its own memory, no kernel called."""
         template = self.link.place_inputs(args)
         arena = self.link.expect_outputs(expected)
-        started = time.perf_counter_ns()
-        reply = self.link.request(Call(self.model, template, record_ops=record_ops, timed=timed))
-        wall_ms = (time.perf_counter_ns() - started) / 1e6
+        reply = self.link.request(Call(self.model, template, record_ops=record_ops))
         assert isinstance(reply, Called)
         if reply.state_changes:
             raise _state_rejection(reply.state_changes, "during a call")
-        changed = "" if timed else self._inputs_changed(args)
+        changed = self._inputs_changed(args)
         if changed:
             raise Rejected(changed)
         if reply.problem:
             raise Rejected(reply.problem)
-        if reply.kernel_calls == 0:
-            raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
+        self._kernels(reply.kernel_calls, 1)
         mismatch = "" if reply.copied else (_mismatch(reply.outputs, expected) or "its outputs could not be read")
-        return RemoteCall(reply, mismatch, wall_ms), (arena.tensors if reply.copied else [])
+        return RemoteCall(reply, mismatch), (arena.tensors if reply.copied else [])
+
+    def _kernels(self, calls: int, wanted: int) -> None:
+        if self.candidate and calls < wanted:
+            raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
+
+    def hand_over(
+        self,
+        arg_sets: Sequence[Sequence[Any]],
+        expected: tuple[Spec, ...],
+        read: Callable[[Arena], Any],
+        before_call: Callable[[], None] = lambda: None,
+        graph: bool = False,
+    ) -> HandOver:
+        """A timed batch: the judge's clock starts before any of the calls' inputs is written, so
+        nothing can start on them before it; it stops once `read` has taken the outputs back.
+
+        The arenas are switched before the clock (a message, not part of a call). `before_call`
+        runs inside the clock after the inputs are written (the judge's L2 flush on CUDA): the
+        null model's batches pay it too, so it is part of the harness's cost, not the call's."""
+        flat = [a for args in arg_sets for a in args]
+        self.link.input_arena_for(flat)
+        arena = self.link.expect_outputs(expected * len(arg_sets))
+        started = time.perf_counter_ns()
+        template = self.link.place_inputs(flat)
+        before_call()
+        groups, at = [], 0
+        for args in arg_sets:
+            groups.append(template[at : at + len(args)])
+            at += len(args)
+        reply = self.link.request(Batch(self.model, tuple(groups), graph))
+        assert isinstance(reply, BatchDone)
+        taken = read(arena) if reply.copied else None
+        wall_ms = (time.perf_counter_ns() - started) / 1e6
+        if reply.state_changes:
+            raise _state_rejection(reply.state_changes, "during a call")
+        if reply.problem:
+            raise Rejected(reply.problem)
+        self._kernels(reply.kernel_calls, len(arg_sets))
+        mismatch = "" if reply.copied else (_mismatch(reply.outputs, expected) or "its outputs could not be read")
+        return HandOver(reply, wall_ms, taken, mismatch)
 
     def _inputs_changed(self, args: Sequence[Any]) -> str:
         """The input arena against the judge's own copy: a candidate that wrote into its inputs."""

@@ -31,7 +31,8 @@ from kernel_refinery.tools.config import default_pch_dir
 from kernel_refinery.tools.faults import cuda_fault_in
 from kernel_refinery.tools.processes import sandbox
 from kernel_refinery.tools.processes.forkserver import ForkedChild, ForkServer, ForkServerError
-from kernel_refinery.tools.processes.jobs import EvalJob, JobReply
+from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, QuietGranted, QuietRelease, QuietReleased, QuietRequest
+from kernel_refinery.tools.processes.quiet import RUNNERS, group_of
 from kernel_refinery.tools.processes.startup import started_at
 
 log = structlog.get_logger()
@@ -70,6 +71,7 @@ class Worker:
         gpu_index: int | None = None,
         env: dict[str, str] | None = None,
         cores: list[int] | None = None,
+        reference: bool = False,
     ):
         from kernel_refinery.tools.config import default_cache_dir
 
@@ -80,6 +82,9 @@ class Worker:
         self.gpu_index = gpu_index
         self.extra_env = env or {}
         self.cores = cores
+        self.reference = reference
+        """The judge's reference runner: never loads a candidate, never stopped for quiet (tools/processes/quiet.py)."""
+        self.group = group_of(device, gpu_index)
         self.proc: subprocess.Popen[bytes] | ForkedChild | None = None
         self.conn: Connection | None = None
         self.judge_end: socket.socket | None = None
@@ -92,7 +97,7 @@ class Worker:
         self.retries = 0
         self.last_start_s = 0.0
         self.pid: int | None = None
-        self.use_template = os.environ.get("REFINERY_FORK_TEMPLATE", "1") != "0"
+        self.use_template = os.environ.get("REFINERY_FORK_TEMPLATE", "1") != "0" and not reference
         """Fork runners from a warm template (tools/processes/forkserver.py); REFINERY_FORK_TEMPLATE=0 starts each one plainly."""
         self._forkserver: ForkServer | None = None
 
@@ -144,11 +149,14 @@ class Worker:
             # The address-space limit only suits CPU workers (see sandbox.apply_limits).
             "--memory-bytes", str(self.memory_limit_bytes + (4 << 30) if self.device == "cpu" else 0),
             "--parent-pid", str(os.getpid()),
+            *(["--reference"] if self.reference else []),
         ]
         # fmt: on
         fds = (child_sock.fileno(), judge_sock.fileno())
         env = {**self._env(), **started_at()}
         template = self._template()
+        if not self.reference:
+            RUNNERS.wait_until_free(self.group)  # no runner starts while the judge times in quiet
         if template is not None:
             # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
             cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
@@ -162,6 +170,8 @@ class Worker:
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
         self.pid = self.proc.pid
+        if not self.reference:
+            RUNNERS.add(self.pid, self.group)
         self.starts += 1
         started = time.monotonic()
         steps = _ready_steps(self.conn)
@@ -257,42 +267,67 @@ class Worker:
         time, memory and life, and the judge's life."""
         if not self.alive or self.judge_end is None:
             return JobReply(failure=EvalStatus.RUNTIME_ERROR, message="the candidate is not loaded: run its compile stage first"), ""
-        conn = judge.submit(job, self.judge_end)
+        conn = judge.submit(job, self.judge_end, self.pid)
         return self._watch(conn, time.monotonic() + timeout_s, timeout_s, judge=judge)
 
     def _watch(self, conn: Connection, deadline: float, timeout_s: float, judge: Judge | None = None) -> tuple[JobReply, str]:
+        """Until the reply: the runner's life, memory and time watched here, and the judge's asks
+        for quiet answered (every other runner stopped while it times; tools/processes/quiet.py)."""
         assert self.proc is not None and self.log_path is not None
-        while True:
-            if conn.poll(_WATCH_INTERVAL_S):
-                reply = _recv_or_none(conn)
-                if judge is not None and not isinstance(reply, JobReply):
-                    judge.kill(reason="died")
-                    return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the judge process died: {judge.log_tail()}"), ""
-                if isinstance(reply, JobReply) and not reply.runner_gone:
-                    printed = sandbox.tail(self.log_path) if reply.failure else ""
-                    if reply.fatal:
-                        self.kill(reason="fatal")
-                    return reply, printed
-                printed = sandbox.tail(self.log_path)
-                return self._died(printed), printed
-            if not self.alive:
-                printed = sandbox.tail(self.log_path)
-                if judge is not None:
-                    judge.drain(conn)
-                return self._died(printed), printed
-            if sandbox.tree_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
-                printed = sandbox.tail(self.log_path)
-                self.kill(reason="memory")
-                if judge is not None:
-                    judge.drain(conn)
-                gb = self.memory_limit_bytes / (1 << 30)
-                return JobReply(failure=EvalStatus.OOM, message=f"the candidate used more than {gb:.1f} GB of host memory"), printed
-            if time.monotonic() > deadline:
-                printed = sandbox.tail(self.log_path)
-                self.kill(reason="timeout")
-                if judge is not None:
-                    judge.drain(conn)
-                return JobReply(failure=EvalStatus.TIMEOUT, message=f"no result within {timeout_s:.0f} s; the worker was killed"), printed
+        holding = False
+        try:
+            while True:
+                if conn.poll(_WATCH_INTERVAL_S):
+                    reply = _recv_or_none(conn)
+                    if isinstance(reply, (QuietRequest, QuietRelease)):
+                        holding = self._quiet(conn, reply)
+                        continue
+                    if judge is not None and not isinstance(reply, JobReply):
+                        judge.kill(reason="died")
+                        return JobReply(failure=EvalStatus.RUNTIME_ERROR, message=f"the judge process died: {judge.log_tail()}"), ""
+                    if isinstance(reply, JobReply) and reply.judge_broken and judge is not None:
+                        judge.kill(reason="its reference runner ended")
+                    if isinstance(reply, JobReply) and not reply.runner_gone:
+                        printed = sandbox.tail(self.log_path) if reply.failure else ""
+                        if reply.fatal:
+                            self.kill(reason="fatal")
+                        return reply, printed
+                    printed = sandbox.tail(self.log_path)
+                    return self._died(printed), printed
+                if not self.alive:
+                    printed = sandbox.tail(self.log_path)
+                    if judge is not None:
+                        judge.drain(conn)
+                    return self._died(printed), printed
+                if sandbox.tree_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
+                    printed = sandbox.tail(self.log_path)
+                    self.kill(reason="memory")
+                    if judge is not None:
+                        judge.drain(conn)
+                    gb = self.memory_limit_bytes / (1 << 30)
+                    return JobReply(failure=EvalStatus.OOM, message=f"the candidate used more than {gb:.1f} GB of host memory"), printed
+                if time.monotonic() > deadline:
+                    printed = sandbox.tail(self.log_path)
+                    self.kill(reason="timeout")
+                    if judge is not None:
+                        judge.drain(conn)
+                    return JobReply(
+                        failure=EvalStatus.TIMEOUT, message=f"no result within {timeout_s:.0f} s; the worker was killed"
+                    ), printed
+        finally:
+            if holding:
+                RUNNERS.thaw(self.group)
+
+    def _quiet(self, conn: Connection, request: object) -> bool:
+        """Answer the judge's ask on its connection; True while other runners are held."""
+        if isinstance(request, QuietRequest):
+            assert self.pid is not None
+            held = RUNNERS.freeze(self.group, keep=None if request.hold_runner else self.pid)
+            conn.send(QuietGranted(held=held, runner=self.pid))
+            return True
+        RUNNERS.thaw(self.group)
+        conn.send(QuietReleased())
+        return False
 
     def _died(self, printed: str = "") -> JobReply:
         assert self.proc is not None
@@ -331,6 +366,8 @@ class Worker:
         self._cleanup()
 
     def _cleanup(self) -> None:
+        if self.pid is not None and not self.reference:
+            RUNNERS.remove(self.pid)
         if self.conn is not None:
             self.conn.close()
         self.conn = None
@@ -378,8 +415,18 @@ def _recv_or_none(conn: Connection) -> object:
 class Judge:
     """The trusted process of one device (tools/processes/judge.py): started once, reused for every candidate."""
 
-    def __init__(self, device: str = "cpu", threads: int | None = None, gpu_index: int | None = None, cores: list[int] | None = None):
+    def __init__(
+        self,
+        device: str = "cpu",
+        threads: int | None = None,
+        gpu_index: int | None = None,
+        cores: list[int] | None = None,
+        cache_dir: Path | None = None,
+    ):
         self.device = device
+        self.reference = Worker(device=device, cache_dir=cache_dir, threads=threads, gpu_index=gpu_index, cores=cores, reference=True)
+        """The judge's reference runner: the same runner program, which never loads a candidate;
+        the judge times the reference through it, by the same path as the candidate."""
         self.threads = threads or max(1, len(os.sched_getaffinity(0)))
         self.gpu_index = gpu_index
         self.cores = cores
@@ -444,27 +491,41 @@ class Judge:
         self.conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
         self.starts += 1
+        self.reference.start()  # while the judge imports and warms up
         steps = _ready_steps(self.conn)
         if steps is None:
             detail = self.log_tail()
             self._stop()
             raise WorkerStartError(f"the judge process did not start; its output:\n{detail}")
-        log.info("judge_started", pid=self.proc.pid, device=self.device, seconds=steps)
+        assert self.reference.judge_end is not None and self.reference.pid is not None
+        self.conn.send(("reference", self.reference.pid))
+        send_handle(self.conn, self.reference.judge_end.fileno(), self.proc.pid)
+        log.info("judge_started", pid=self.proc.pid, device=self.device, seconds=steps, reference_runner=self.reference.pid)
 
-    def submit(self, job: EvalJob, runner_end: socket.socket) -> Connection:
-        """Send a job and the runner's socket; the reply comes on the returned connection."""
+    def submit(self, job: EvalJob, runner_end: socket.socket, runner_pid: int | None = None) -> Connection:
+        """Send a job, the runner's pid and its socket; the reply comes on the returned connection."""
         self._ready()
         if not self.alive:
             self.start()
         assert self.conn is not None and self.proc is not None
-        self.conn.send(job)
+        self.conn.send(("job", job, runner_pid))
         send_handle(self.conn, runner_end.fileno(), self.proc.pid)
         return self.conn
 
     def drain(self, conn: Connection, timeout_s: float = 30.0) -> None:
-        """After the runner was killed: the judge notices and replies; read that reply away (or restart it)."""
-        if conn.poll(timeout_s) and isinstance(_recv_or_none(conn), JobReply):
-            return
+        """After the runner was killed: the judge notices and replies; read that reply away (or restart it).
+        An ask for quiet on the way is granted with nothing held, so that the judge gets to its reply."""
+        deadline = time.monotonic() + timeout_s
+        while conn.poll(max(0.0, deadline - time.monotonic())):
+            message = _recv_or_none(conn)
+            if isinstance(message, QuietRequest):
+                conn.send(QuietGranted(held=(), runner=0))
+            elif isinstance(message, QuietRelease):
+                conn.send(QuietReleased())
+            elif isinstance(message, JobReply):
+                return
+            else:
+                break
         self.kill(reason="no reply after the runner ended")
 
     def log_tail(self) -> str:
@@ -484,6 +545,7 @@ class Judge:
             sandbox.kill_tree(self.proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
+        self.reference.shutdown()
         if self.conn is not None:
             self.conn.close()
         self.proc = None

@@ -35,6 +35,8 @@ from kernel_refinery.tools.guards import audit
 from kernel_refinery.tools.guards.output_guards import output_problem
 from kernel_refinery.tools.processes import sandbox
 from kernel_refinery.tools.processes.channel import (
+    Batch,
+    BatchDone,
     Build,
     Built,
     Call,
@@ -42,6 +44,7 @@ from kernel_refinery.tools.processes.channel import (
     End,
     Failed,
     Inputs,
+    LoadTask,
     OutputMeta,
     Outputs,
     Profile,
@@ -62,7 +65,7 @@ from kernel_refinery.tools.steps.aten_ops import OpRecorder, synchronize
 from kernel_refinery.tools.steps.compile_cache import CompileCache, CompileFailed, CompileLedger
 from kernel_refinery.tools.steps.kernel_share import measure_kernel_share
 from kernel_refinery.tools.steps.profiling import profile_forward
-from kernel_refinery.tools.steps.timing import Timer
+from kernel_refinery.tools.steps.timing import Timer, TimingMethod
 
 (LOAD,) = steps_in("runner")
 """The runner's one step in the table (tools/stages.py), the load that compiles the candidate: the job
@@ -129,6 +132,8 @@ class WorkerState:
     outputs: list[torch.Tensor] = field(default_factory=list)
     arenas: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
     pending_changes: tuple[str, ...] = ()
+    reference_runner: bool = False
+    """Started with --reference: serves the judge the task's reference, never a candidate."""
 
     def state_changes(self) -> tuple[str, ...]:
         return tuple(audit.changed(self.pinned, audit.snapshot()))
@@ -228,40 +233,67 @@ def _metas(out: Any) -> tuple[OutputMeta, ...]:
 
 
 def _call(state: WorkerState, request: Call) -> Called:
-    assert state.loaded is not None and state.config is not None
+    """One untimed call (correctness, checks): its outputs into the output arena."""
+    assert state.loaded is not None
     model = state.models[request.model]
     args = _args(state, request.args)
     ledger = state.loaded.ledger
     before = ledger.kernel_calls
-    elapsed = None
-    ops: tuple[str, ...] = ()
-    with torch.no_grad():
-        if request.timed:
-            if state.timer is None:
-                state.timer = Timer(state.device, state.config.timing)
-            out, elapsed = state.timer.time_call(model, args)
-        else:
-            with OpRecorder() if request.record_ops else contextlib.nullcontext() as recorder:
-                out = model(*args)
-            synchronize(state.device)
-            if recorder is not None:
-                ops = tuple(sorted(recorder.ops))
+    with torch.no_grad(), OpRecorder() if request.record_ops else contextlib.nullcontext() as recorder:
+        out = model(*args)
+    synchronize(state.device)
+    ops = tuple(sorted(recorder.ops)) if recorder is not None else ()
     calls = ledger.kernel_calls - before
-    problem = output_problem(out, args) if state.config.guards.plain_outputs else ""
-    metas = _metas(out)
-    copied = False
-    if not problem:
-        outputs = tensors_of(out)
-        if len(outputs) == len(state.outputs) and all(
-            o.shape == slot.shape and o.dtype == slot.dtype for o, slot in zip(outputs, state.outputs, strict=True)
-        ):
-            with torch.no_grad():
-                for o, slot in zip(outputs, state.outputs, strict=True):
-                    slot.copy_(o)
-            synchronize(state.device)
-            copied = True
+    problem = output_problem(out, args) if _plain_outputs(state) else ""
+    copied = not problem and _copy_outputs(out, state.outputs)
     pending, state.pending_changes = state.pending_changes, ()
-    return Called(metas, copied, calls, ops, problem, pending, elapsed)
+    return Called(_metas(out), copied, calls, ops, problem, pending)
+
+
+def _plain_outputs(state: WorkerState) -> bool:
+    return state.config.guards.plain_outputs if state.config is not None else True
+
+
+def _copy_outputs(out: Any, slots: list[torch.Tensor]) -> bool:
+    """The call's tensors into their arena slots, when they match the slots' specs."""
+    outputs = tensors_of(out)
+    if len(outputs) != len(slots) or any(o.shape != s.shape or o.dtype != s.dtype for o, s in zip(outputs, slots, strict=True)):
+        return False
+    with torch.no_grad():
+        for o, slot in zip(outputs, slots, strict=True):
+            slot.copy_(o)
+    return True
+
+
+def _batch(state: WorkerState, request: Batch) -> BatchDone:
+    """The judge's timed hand-over: each call in turn, its outputs into its own group of slots.
+
+    The judge's clock runs from before it wrote these inputs until it has read the outputs back;
+    what this process measures of each call (`runner_ms`) is only a diagnostic."""
+    assert state.loaded is not None
+    model = state.models[request.model]
+    method: TimingMethod = "graph" if request.graph else "events"
+    if state.timer is None or state.timer.method != method:
+        state.timer = Timer(state.device, method, flush=False)
+    per_call = len(state.outputs) // max(1, len(request.calls))
+    before = state.loaded.ledger.kernel_calls
+    runner_ms: list[float] = []
+    first: tuple[OutputMeta, ...] = ()
+    for k, template in enumerate(request.calls):
+        args = _args(state, template)
+        out, ms = state.timer.time_call(model, args)
+        runner_ms.append(ms)
+        problem = output_problem(out, args) if _plain_outputs(state) else ""
+        if problem:
+            return BatchDone(_metas(out), False, state.loaded.ledger.kernel_calls - before, problem, tuple(runner_ms))
+        if k == 0:
+            first = _metas(out)
+        if not _copy_outputs(out, state.outputs[k * per_call : (k + 1) * per_call]):
+            return BatchDone(_metas(out), False, state.loaded.ledger.kernel_calls - before, "", tuple(runner_ms))
+        del out, args
+    synchronize(state.device)
+    pending, state.pending_changes = state.pending_changes, ()
+    return BatchDone(first, True, state.loaded.ledger.kernel_calls - before, "", tuple(runner_ms), pending)
 
 
 def _serve_judge(state: WorkerState, conn: Connection) -> bool:
@@ -297,7 +329,7 @@ def _serve_judge(state: WorkerState, conn: Connection) -> bool:
                 os._exit(1)
             continue
         conn.send(reply)
-        if isinstance(request, Call):
+        if isinstance(request, (Call, Batch)):
             # After the reply, outside the judge's clock: reported with the next one.
             state.pending_changes = state.state_changes()
     state.models.clear()
@@ -310,14 +342,17 @@ def _serve_judge(state: WorkerState, conn: Connection) -> bool:
 
 
 def _answer(state: WorkerState, request: object) -> object:
+    if isinstance(request, LoadTask):
+        return _load_task(state, request)
     assert state.loaded is not None
     program = state.loaded.program
     if isinstance(request, Build):
-        model = program.new_model(request.seed, reference=program.reference(request.seed))
-        state.models[len(state.models)] = model
+        state.models[len(state.models)] = _build(state, program, request)
         return Built(len(state.models) - 1, state.state_changes())
     if isinstance(request, Call):
         return _call(state, request)
+    if isinstance(request, Batch):
+        return _batch(state, request)
     if isinstance(request, Profile):
         return Profiled(profile_forward(state.models[request.model], _args(state, request.args), state.device, rows=request.rows))
     if isinstance(request, Share):
@@ -326,6 +361,57 @@ def _answer(state: WorkerState, request: object) -> object:
             measure_kernel_share(state.models[request.model], sets, state.device, request.non_compute, set(request.reference_ops))
         )
     raise ValueError(f"unknown request {type(request).__name__}")
+
+
+class NullModel(torch.nn.Module):
+    """The harness's own cost: returns outputs of the reference's specs without any work, so that a
+    batch of it is everything a timed batch costs but the calls (tools/steps/timing_stage.py)."""
+
+    def __init__(self, specs: tuple[Spec, ...], device: torch.device) -> None:
+        super().__init__()
+        self.outputs = [torch.zeros(s.shape, dtype=s.torch_dtype, device=device) for s in specs]
+
+    def forward(self, *args: Any) -> Any:
+        return self.outputs[0] if len(self.outputs) == 1 else tuple(self.outputs)
+
+
+def _build(state: WorkerState, program: Program, request: Build) -> Any:
+    """A candidate's runner builds only ModelNew; the reference runner only the others."""
+    reference_runner = program.candidate is None
+    if reference_runner == (request.role == "candidate"):
+        raise PermissionError(f"{REFUSED}: a {'reference' if reference_runner else 'candidate'} runner builds no {request.role} model")
+    if request.role == "candidate":
+        return program.new_model(request.seed, reference=program.reference(request.seed))
+    if request.role == "null":
+        return NullModel(request.specs, state.device)
+    model = program.reference(request.seed)
+    return torch.compile(model) if request.role == "compiled" else model
+
+
+@dataclass
+class _NoLedger:
+    """The reference runner's stand-in for a compile ledger: it builds nothing and calls no
+    candidate's kernel (the judge asks for kernel calls only of a candidate's runner)."""
+
+    kernel_calls: int = 0
+    hits: int = 0
+    misses: int = 0
+    compiler: str | None = None
+
+
+def _load_task(state: WorkerState, request: LoadTask) -> Built:
+    """The reference runner's load: the task program alone, never a candidate."""
+    if not state.reference_runner:
+        raise PermissionError(f"{REFUSED}: a candidate's runner loads no task for the reference")
+    key = source_hash(request.source + "\0" + request.dtype)
+    if state.loaded_key != key:
+        task = import_source(request.source, "task", state.workdir)
+        program = Program(task, None, state.device, dtype=getattr(torch, request.dtype))
+        apply_tf32_policy(request.allow_tf32)
+        state.pinned = audit.snapshot()  # the run's TF32 policy is the harness's setting, not a change
+        state.loaded = Loaded(program=program, ledger=_NoLedger(), report=CompileReport(ok=True))  # type: ignore[arg-type]  # builds nothing: no compile ledger
+        state.loaded_key = key
+    return Built(-1)
 
 
 def serve(conn: Connection, judge: Connection, state: WorkerState, cpu_seconds_per_job: float, start_seconds: dict[str, float]) -> None:
@@ -408,6 +494,7 @@ def main() -> None:
     parser.add_argument("--cpu-seconds-per-job", type=float, default=3600)
     parser.add_argument("--cores", default="", help="comma-separated CPU cores to run on")
     parser.add_argument("--parent-pid", type=int, default=0, help="end when this process ends")
+    parser.add_argument("--reference", action="store_true", help="the judge's reference runner: loads tasks, never a candidate")
     args = parser.parse_args()
     steps = StartSteps()
     if args.parent_pid:
@@ -427,8 +514,9 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False
         torch.zeros(1, device=device)
         steps.mark("cuda_context")
-        warm_profiler(device)
-        steps.mark("profiler_warm")
+        if not args.reference:
+            warm_profiler(device)
+            steps.mark("profiler_warm")
     cache = CompileCache(Path(args.cache_dir))
     cache.install()
     if device.type == "cuda":
@@ -437,7 +525,7 @@ def main() -> None:
     pinned = audit.snapshot()
     isolation = isolate(workdir, Path(args.cache_dir))
     steps.mark("isolate")
-    state = WorkerState(device=device, workdir=workdir, cache=cache, pinned=pinned, isolation=isolation)
+    state = WorkerState(device=device, workdir=workdir, cache=cache, pinned=pinned, isolation=isolation, reference_runner=args.reference)
     serve(conn, judge, state, args.cpu_seconds_per_job, steps.seconds)
 
 

@@ -3,9 +3,9 @@
 One JSON file per setting under `cache_dir/baselines`, named by a sha256 over everything that moves
 the reference's time: the device (on CPU its model, the worker's cores and torch threads), torch,
 the task's source, precision, tolerance, TF32, warm-up, trials, seed, the fresh-input guard and
-torch.compile. A file is only a proposal: the timing stage re-times the reference in the worker's
-own process (`spot_calls`) and believes the file only when the two agree (`agrees`), so a speedup
-still rests on a reference seen in the same process and run.
+torch.compile. A file is only a proposal: the judge re-times the reference in a quiet window (`spot_calls`) and
+believes the file only when the two agree (`agrees`), so a speedup still rests on a reference seen
+in the same run; a disagreement is checked once more before the reference is timed again.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from kernel_refinery.tools.results import Frozen, TimingStats
 
 log = structlog.get_logger()
 
-FORMAT = 1
-"""Part of the key: bump it when the way the reference is timed changes, and older files miss."""
+FORMAT = 2
+"""Part of the key: bump it when the way the reference is timed changes, and older files miss.
+2: timed by the judge's clock through the reference runner, in batches (tools/steps/timing_stage.py)."""
 
 SPOT_CALLS = 10
 """Reference calls re-timed in this process before a stored baseline is believed (fewer if trials are fewer)."""
@@ -63,6 +64,12 @@ class StoredBaseline(Frozen):
     """torch.compile's per-call times, for a speedup's interval against that baseline."""
     noise_band: tuple[float, float] | None = None
     """The reference's A/A band (see tools/steps/timing_stage.py): None in files written before it."""
+    batch_calls: int = 1
+    """Calls per hand-over the reference was timed in; a spot check hands over as many."""
+    reference_single_ms: tuple[float, ...] = ()
+    """The reference handed over one call at a time, per call (when batch_calls > 1)."""
+    harness_ms: float | None = None
+    """The harness's cost of one batch when it was measured (information: each judge measures its own)."""
     measured_at: float = Field(default_factory=time.time)
     """Unix time of the measurement."""
 

@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 import torch
 
-from kernel_refinery.tools.config import CLOCKS
 from kernel_refinery.tools.results import TimingStats
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times any current GPU's L2
@@ -96,14 +95,17 @@ class Timer:
       captured ones before each replay (outside the timed span); what is replayed is exactly the
       captured launches, so Python-side work in forward is not timed (nor repeated)."""
 
-    def __init__(self, device: torch.device, method: TimingMethod = "events"):
+    def __init__(self, device: torch.device, method: TimingMethod = "events", flush: bool = True):
         self.device = device
         self.method: TimingMethod = method
+        self.flush = flush
+        """Flush L2 before each call. The runner's calls within a judge's batch are not flushed: the
+        judge flushes before handing a batch over, where the candidate cannot skip it."""
         self._flush: torch.Tensor | None = None
         self._graphs: dict[Callable[..., Any], tuple[list[Any], Any, Any]] = {}
         """Per callable: its captured inputs, the graph and the graph's output."""
         if device.type == "cuda":
-            self._flush = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+            self._flush = torch.empty(_L2_FLUSH_BYTES // 4 if flush else 1, dtype=torch.float32, device=device)
 
     def use(self, method: TimingMethod) -> None:
         """The method for the next calls; graphs captured so far are dropped (with the models they hold)."""
@@ -112,7 +114,11 @@ class Timer:
 
     @property
     def clock(self) -> str:
-        return CLOCKS[self.method] if self.device.type == "cuda" else "monotonic"
+        return (
+            {"events": "cuda-events", "host": "host-wall", "graph": "cuda-graph"}[self.method]
+            if self.device.type == "cuda"
+            else "monotonic"
+        )
 
     def time(self, fn: Callable[..., Any], make_args: MakeArgs, warmup: int, trials: int, after_call: AfterCall | None = None) -> Timed:
         with torch.no_grad():
@@ -140,13 +146,18 @@ class Timer:
         return samples
 
     def _host(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
-        assert self._flush is not None
-        self._flush.zero_()
-        torch.cuda.synchronize(self.device)
+        self._flush_l2()
         start_ns = time.perf_counter_ns()
         out = fn(*args)
         torch.cuda.synchronize(self.device)
         return out, (time.perf_counter_ns() - start_ns) / 1e6
+
+    def _flush_l2(self) -> None:
+        """The L2 flush before a call (when this timer flushes), then a device-wide synchronize."""
+        assert self._flush is not None
+        if self.flush:
+            self._flush.zero_()
+        torch.cuda.synchronize(self.device)
 
     def _graph(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
         """Captured on the first call of this callable (after a warm-up on a side stream), replayed after."""
@@ -174,8 +185,7 @@ class Timer:
             if isinstance(slot, torch.Tensor) and isinstance(arg, torch.Tensor) and slot.data_ptr() != arg.data_ptr():
                 slot.copy_(arg)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._flush.zero_()
-        torch.cuda.synchronize(self.device)
+        self._flush_l2()
         start.record()
         graph.replay()
         torch.cuda.synchronize(self.device)
@@ -194,10 +204,8 @@ class Timer:
                 return self._host(fn, args)
             if self.method == "graph":
                 return self._graph(fn, args)
-            assert self._flush is not None
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self._flush.zero_()
-            torch.cuda.synchronize(self.device)
+            self._flush_l2()
             start.record()
             out = fn(*args)
             torch.cuda.synchronize(self.device)

@@ -1,67 +1,65 @@
-"""The timing stage, in the judge: the reference timed here, the candidate in its own process on
-inputs written here one call at a time, checked here.
+"""The timing stage, in the judge: every time in a verdict is the judge's own clock.
 
-- Every warm-up and timed call of either side gets input values that no earlier call saw (seeds
-  salted by the OS in the judge; on CPU, for a memory-bound task, random mixes of a few drawn sets,
-  see `input_source`), written into shared memory only as the call starts: a memo keyed by input
-  content never hits, and nothing in the candidate's process can predict the next call's inputs.
-- Each timed output must be a plain tensor over memory of its own (the runner reports it), and is
-  sampled by the judge the moment the runner says the call ended; which calls are compared with the
-  reference is drawn after the timing, here. A candidate stale, wrong or unfinished while timed fails.
-- The runner's reported time of each call is checked against the judge's own clock around the same
-  call (`check_clock`); the statistics are computed here.
+Nothing the candidate's process reports decides a verdict, its clock included: native code in that
+process can make any figure it produces say anything. So:
+
+- Both sides are timed the same way, by the same path: the judge hands a runner a batch of K
+  calls and times the batch from before it writes the batch's inputs into shared memory until it
+  has read every call's outputs back (`RemoteModel.hand_over`). The candidate runs in its own
+  runner; the reference in the judge's reference runner, a runner that never loaded candidate code.
+  A call's time is (batch time - harness cost) / K.
+- The harness cost is measured the same way, by the same path, on the null model (no work,
+  outputs of the reference's specs) in the reference runner, and taken at its lower quartile: an
+  underestimate leaves some harness time in both sides, which pulls a speedup towards 1, never
+  away from it.
+- K is chosen from the reference's time, so that a batch's calls take `BATCH_TARGET` times the
+  harness cost of one hand-over: 1 for calls of milliseconds, up to `MAX_BATCH` for microseconds.
+  Every call's inputs are fresh (see `args_for_calls`), drawn before the clock and written inside
+  it; each call has its own output slot; every slot is sampled when the batch ends, inside the
+  clock; which calls are compared with the reference is drawn afterwards.
+- Quiet (tools/processes/quiet.py): the reference, its A/A run, the harness cost and any spot
+  check are timed with every candidate runner stopped, the job's own too, and the machine checked
+  idle; the candidate with every other runner stopped. A window that was not quiet is timed again.
+- Batching must not pay: a candidate whose calls gain more from being batched than the
+  reference's do (calls overlapped, inputs read ahead) is scored from calls handed over one at a
+  time on both sides (`overlap`).
 - A candidate faster than writing its outputs at the device's peak bandwidth is timed again with
-  every output checked; still below that floor it is rejected, above it it is scored from that timing.
+  every output checked; still below that floor it is rejected. With the judge's clock this guards
+  the harness subtraction and any work that escapes the batch, not a misreported time.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import structlog
 import torch
 
 from kernel_refinery.core.verdict import EvalStatus
-from kernel_refinery.tools.config import EvalConfig
-from kernel_refinery.tools.processes.channel import Spec
+from kernel_refinery.tools.config import EvalConfig, clock_of
+from kernel_refinery.tools.processes.channel import Arena, Spec
 from kernel_refinery.tools.processes.jobs import Rejected, StageFailed
 from kernel_refinery.tools.processes.programs import Program, clone_args, tensors_of
-from kernel_refinery.tools.processes.remote import RemoteModel
-from kernel_refinery.tools.results import TimingReport, TimingStats
+from kernel_refinery.tools.processes.remote import RemoteModel, RunnerLink
+from kernel_refinery.tools.results import TimingReport, TimingStats, WindowReport
 from kernel_refinery.tools.steps.aten_ops import synchronize
 from kernel_refinery.tools.steps.baseline_cache import BaselineStore, StoredBaseline, agrees, baseline_key, baseline_setting, spot_calls
 from kernel_refinery.tools.steps.correctness import compare
 from kernel_refinery.tools.steps.roofline import OpCost, nbytes, output_floor_ms, peaks, reference_roofline_ms
-from kernel_refinery.tools.steps.timing import MakeArgs, Timed, Timer, speedup_interval, stats
+from kernel_refinery.tools.steps.timing import MakeArgs, Timed, speedup_interval, stats
 
 _SEED_STRIDE = 7919
 _COMPILED_ERROR_CHARS = 500
 _FIRST_TIMING_SEED = 50_000_017
 
 log = structlog.get_logger()
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """The reference's timings for one task and setting, reused across candidates in a worker."""
-
-    reference: Timed
-    compiled: TimingStats | None
-    roofline_ms: float | None
-    compiled_error: str | None = None
-    """Why torch.compile of the reference gave no baseline, when it failed."""
-    source: Literal["measured", "cached"] = "measured"
-    """"measured" in this worker, or "cached": read from disk and confirmed by a spot check here."""
-    spot_ms: float | None = None
-    """The spot check's median, whenever one ran: measured with it, the stored baseline disagreed."""
-    compiled_samples: tuple[float, ...] = ()
-    noise_band: tuple[float, float] | None = None
-    """The reference timed against itself: the 95% interval of that ratio (see `measure_baseline`)."""
 
 
 def call_seed(cfg: EvalConfig, call: int, salt: int) -> int:
@@ -157,258 +155,6 @@ def symmetric_band(interval: tuple[float, float] | None) -> tuple[float, float] 
     return 1 / reach, reach
 
 
-def measure_baseline(timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, make_args: MakeArgs) -> Baseline:
-    """The reference timed; with `cfg.noise_band`, timed again the same way (an A/A run), whose
-    ratio's interval is the band a speedup must leave to be a difference the timing can show."""
-    reference = timer.time(ref_model, make_args, cfg.warmup, cfg.trials)
-    band = None
-    if cfg.noise_band:
-        again = timer.time(ref_model, make_args, cfg.warmup, cfg.trials)
-        band = symmetric_band(speedup_interval(reference.samples_ms, again.samples_ms, seed=cfg.seed))
-    compiled = compiled_error = None
-    compiled_samples: tuple[float, ...] = ()
-    if cfg.times_compiled_reference:
-        try:
-            timed = timer.time(torch.compile(ref_model), make_args, max(cfg.warmup, 1), cfg.trials)
-            compiled, compiled_samples = timed.stats, tuple(timed.samples_ms)
-        except Exception as exc:  # noqa: BLE001 - torch.compile can fail on a machine without a toolchain: the report says why
-            compiled_error = f"{type(exc).__name__}: {str(exc).strip()[:_COMPILED_ERROR_CHARS]}"
-    try:
-        roofline = reference_roofline_ms(ref_model, program.inputs(cfg.seed + 1_000_003), program.device)
-    except Exception as exc:  # noqa: BLE001 - information only: an op the counter cannot follow leaves it unknown
-        print(f"no roofline for the reference: {exc}", file=sys.stderr)
-        roofline = None
-    return Baseline(
-        reference=reference,
-        compiled=compiled,
-        roofline_ms=roofline,
-        compiled_error=compiled_error,
-        compiled_samples=compiled_samples,
-        noise_band=band,
-    )
-
-
-def _stored_or_measured(
-    timer: Timer, program: Program, cfg: EvalConfig, ref_model: Any, key: tuple[Any, ...], store: BaselineStore | None, calls: CallInputs
-) -> Baseline:
-    """The baseline from disk when a spot check of the reference in this process agrees with it, else measured (and stored)."""
-    if store is None:
-        return measure_baseline(timer, program, cfg, ref_model, calls.make)
-    setting = baseline_setting(cfg, program.device, key)
-    digest = baseline_key(setting)
-    stored = None if cfg.remeasure_baselines else store.load(digest)
-    spot = None
-    if stored is not None and cfg.noise_band and stored.noise_band is None:
-        stored = None  # written before the A/A run: measured again, with it
-    if stored is not None:
-        # Timed as the full measurement is (same inputs, warm-up and clock), only fewer calls.
-        spot = timer.time(ref_model, calls.make, cfg.warmup, spot_calls(cfg)).stats.median
-        if agrees(stored.reference.median, spot):
-            reference = Timed(stored.reference, stored.reference_samples_ms)
-            return Baseline(
-                reference,
-                stored.compiled,
-                stored.roofline_ms,
-                source="cached",
-                spot_ms=spot,
-                compiled_samples=stored.compiled_samples_ms,
-                noise_band=stored.noise_band,
-            )
-        log.info(
-            "stored baseline disagrees with the reference timed now; measuring it again", stored_ms=stored.reference.median, spot_ms=spot
-        )
-    base = replace(measure_baseline(timer, program, cfg, ref_model, calls.make), spot_ms=spot)
-    # A failed torch.compile may be transient (a timeout, a busy compiler): the next worker tries again.
-    if base.compiled_error is None:
-        store.save(
-            StoredBaseline(
-                key=digest,
-                setting=setting,
-                reference=base.reference.stats,
-                reference_samples_ms=base.reference.samples_ms,
-                compiled=base.compiled,
-                roofline_ms=base.roofline_ms,
-                compiled_samples_ms=base.compiled_samples,
-                noise_band=base.noise_band,
-            )
-        )
-    return base
-
-
-SNAPSHOT_VALUES = 1 << 16
-"""Values of each timed output the judge copies the moment the runner says the call is done: all
-of a smaller output, else this many positions drawn by the judge's own generator. An output left
-unfinished, stale or deferred is wrong almost everywhere, so a sample finds it."""
-
-CLOCK_SLACK_MS = 1.0
-"""Python's share of a round trip to the runner (unpickling, building the arguments, the output
-checks), which the calibration below does not see, with room for scheduling noise."""
-CLOCK_RATIO = 0.25
-"""The judge's clock must exceed the reported time by more than this share of it, as well as by
-the harness's own cost, before the reported times are refused: noise alone never does that."""
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What a timed call costs the harness outside the reported time, measured in the judge."""
-
-    round_trip_ms: float
-    """A message to another thread and back over a socket pair, as the runner's link costs."""
-    timer_ms: float
-    """The timer's own steps around a call (flush, synchronize, events)."""
-
-    def allowance_ms(self, copy_ms: float) -> float:
-        return 3 * (self.round_trip_ms + self.timer_ms + copy_ms) + CLOCK_SLACK_MS
-
-
-def calibrate(timer: Timer) -> Calibration:
-    import socket
-    import threading
-    import time
-    from multiprocessing.connection import Connection
-
-    a, b = socket.socketpair()
-    near, far = Connection(a.detach()), Connection(b.detach())
-
-    def echo() -> None:
-        while (message := far.recv()) is not None:
-            far.send(message)
-
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
-    trips = []
-    for _ in range(50):
-        started = time.perf_counter_ns()
-        near.send(("call", 0, (("slot", 0),)))
-        near.recv()
-        trips.append((time.perf_counter_ns() - started) / 1e6)
-    near.send(None)
-    thread.join()
-    near.close()
-    far.close()
-    probe = torch.zeros(1, device=timer.device)
-    extra = []
-    for _ in range(10):
-        started = time.perf_counter_ns()
-        _, ms = timer.time_call(torch.Tensor.clone, [probe])
-        extra.append(max(0.0, (time.perf_counter_ns() - started) / 1e6 - ms))
-    return Calibration(round_trip_ms=statistics.median(trips), timer_ms=statistics.median(extra))
-
-
-Snapshot = tuple[tuple[torch.Tensor | None, torch.Tensor], ...]
-"""Per output: the positions read (None: all of it) and their values."""
-
-
-@dataclass
-class RemoteTiming:
-    samples_ms: list[float] = field(default_factory=list)
-    """What the runner reported for each timed call."""
-    walls_ms: list[float] = field(default_factory=list)
-    """The judge's clock for the same calls."""
-    snapshots: list[Snapshot] = field(default_factory=list)
-    output_bytes: int = 0
-    copy_ms: float = 0.0
-
-
-def _snapshot(outputs: list[torch.Tensor], generator: torch.Generator | None) -> Snapshot:
-    taken: list[tuple[torch.Tensor | None, torch.Tensor]] = []
-    for out in outputs:
-        flat = out.reshape(-1)
-        if flat.numel() <= SNAPSHOT_VALUES or generator is None:
-            taken.append((None, flat.clone()))
-        else:
-            picks = torch.randint(flat.numel(), (SNAPSHOT_VALUES,), device=out.device, generator=generator)
-            taken.append((picks, flat[picks]))
-    return tuple(taken)
-
-
-def time_remote(new_model: RemoteModel, make_args: MakeArgs, specs: tuple[Spec, ...], warmup: int, trials: int) -> RemoteTiming:
-    """Each call's inputs written just before it is handed over; its outputs sampled the moment it ends."""
-    run = RemoteTiming()
-    device = new_model.link.device
-    generator = torch.Generator(device=device)
-    generator.manual_seed(random.SystemRandom().getrandbits(63))
-    for i in range(warmup + trials):
-        call, outputs = new_model.call(make_args(i), specs, timed=True)
-        if call.mismatch:
-            raise StageFailed(EvalStatus.INCORRECT, f"{'warm-up' if i < warmup else 'timed'} call {i + 1}: {call.mismatch}")
-        if i < warmup:
-            continue
-        run.snapshots.append(_snapshot(outputs, generator))
-        run.samples_ms.append(float(call.reply.elapsed_ms or 0.0))
-        run.walls_ms.append(call.wall_ms)
-        run.output_bytes = nbytes(outputs)
-    if outputs:
-        copies = [torch.empty_like(o) for o in outputs]
-        synchronize(device)
-        started = time.perf_counter_ns()
-        for copy, out in zip(copies, outputs, strict=True):
-            copy.copy_(out)
-        synchronize(device)
-        run.copy_ms = (time.perf_counter_ns() - started) / 1e6
-    return run
-
-
-def check_timed_outputs(
-    run: RemoteTiming, checked: frozenset[int], program: Program, cfg: EvalConfig, ref_model: Any, make_args: MakeArgs, warmup: int
-) -> tuple[int, ...]:
-    """The chosen timed calls' sampled outputs against the reference on those calls' inputs."""
-    trials = len(run.snapshots)
-    for i in sorted(checked):
-        with torch.no_grad():
-            expected = tensors_of(ref_model(*make_args(warmup + i)))
-        snapshot = run.snapshots[i]
-        problem = ""
-        for k, (exp, (picks, values)) in enumerate(zip(expected, snapshot, strict=True)):
-            flat = exp.reshape(-1)
-            wanted = flat if picks is None else flat[picks]
-            cmp = compare(wanted, values, cfg, which="output" if len(expected) == 1 else f"output {k}")
-            if not cmp.passed:
-                problem = cmp.reason
-                break
-        if problem:
-            raise StageFailed(
-                EvalStatus.INCORRECT,
-                f"timed call {i + 1} of {trials} returned a wrong output for its own inputs: {problem} "
-                "(read the moment the call ended: is an output reused across calls, or left unfinished while timed?)",
-            )
-    return tuple(sorted(checked))
-
-
-def choose_checked(cfg: EvalConfig, trials: int, every: bool = False) -> frozenset[int]:
-    """Drawn from the OS after the timing, in the judge: nothing in the candidate's process can know them."""
-    k = cfg.guards.checked_timed_calls
-    if every:
-        return frozenset(range(trials))
-    if k == 0:
-        return frozenset()
-    draw = random.SystemRandom().sample(range(trials - 1), min(k, trials - 1)) if trials > 1 else []
-    return frozenset([*draw, trials - 1])
-
-
-def check_clock(run: RemoteTiming, calibration: Calibration) -> None:
-    """The runner's reported times against the judge's clock over the same calls."""
-    reported = statistics.median(run.samples_ms)
-    wall = statistics.median(run.walls_ms)
-    # The gap of the quietest calls: a busy machine stretches some round trips by milliseconds,
-    # while a candidate that under-reports does so on every call.
-    gaps = sorted(w - r for w, r in zip(run.walls_ms, run.samples_ms, strict=True))
-    gap = gaps[len(gaps) // 10]
-    allowance = calibration.allowance_ms(run.copy_ms)
-    if min(run.samples_ms) < 0 or reported > wall + 0.05:
-        raise Rejected(
-            f"the candidate's process reported {reported:.4g} ms per call (median) where the judge's clock saw "
-            f"{wall:.4g} ms: a call cannot take longer than the time from handing it over to its end"
-        )
-    if gap > allowance and gap > CLOCK_RATIO * reported:
-        raise Rejected(
-            f"the candidate's process reported {reported:.4g} ms per call (median), but the judge's clock saw {wall:.4g} ms "
-            f"from handing over each call's inputs to its outputs being ready, {gap:.4g} ms more even on the quietest "
-            f"calls, where the harness itself takes at most {allowance:.3g} ms: the reported times are not the calls' "
-            "(is the timer patched, or work done after the clock stops?)"
-        )
-
-
 def chosen_baseline(cfg: EvalConfig, base: Baseline) -> tuple[Literal["eager", "compile"], tuple[float, ...], str | None]:
     """What the speedup is against (EvalConfig.baseline), its per-call samples, and why eager stands
     in when torch.compile gave no baseline."""
@@ -423,117 +169,583 @@ def chosen_baseline(cfg: EvalConfig, base: Baseline) -> tuple[Literal["eager", "
     return "compile", base.compiled_samples, None
 
 
-CLOCK_ATTEMPTS = 3
-"""Timings a candidate gets before its reported times are refused. The timed calls of a fast
-kernel span only milliseconds, so one burst of other work on a small machine can stretch every
-round trip of a timing; a patched timer or work done after the clock stops misreports them all."""
+HARNESS_QUANTILE = 0.25
+"""Which quantile of the null model's hand-overs is the harness's cost (see the module's docstring)."""
+BATCH_TARGET = 10.0
+"""A batch's calls should take this many times the harness cost of handing over one call."""
+MAX_BATCH = 256
+BATCH_BYTES = {"cpu": 256 << 20, "cuda": 2 << 30}
+"""At most this many bytes of inputs and outputs in one batch's arenas."""
+HARNESS_TRIALS = 30
+"""Null-model hand-overs measured for the harness's cost, of each size."""
+PROBE_CALLS = 12
+"""Hand-overs of one call that estimate the reference's time, to choose K."""
+BATCH_ATTEMPTS = 3
+"""Measurements of a new baseline with a larger K, when the first K proved too small for the reference."""
+SINGLE_CALLS_BASE = 1 << 40
+"""Call indices of single-call hand-overs start here (batches count from 0): their inputs differ."""
+SNAPSHOT_VALUES = 1 << 16
+"""Values of each timed output the judge copies when a batch ends, over its K calls: all of a small
+output, else positions drawn by the judge's own generator (at least MIN_SLOT_VALUES a call). An
+output left unfinished, stale or deferred is wrong almost everywhere, so a sample finds it."""
+MIN_SLOT_VALUES = 512
+OVERLAP_SHARE = 0.10
+"""How much more a candidate may gain from batching than the reference does, as a share of its
+single-call time, beyond three standard errors of the two medians, before it is scored from single calls."""
+MIN_TRIALS = 10
+"""Timed batches a candidate gets at least, when its time budget ends its timing early."""
+BUDGET_FACTOR = 3.0
+"""A candidate's timing may take this many times the reference's (at least MIN_BUDGET_S): a slow
+candidate handed batches sized for a fast reference stops after MIN_TRIALS batches, not hours."""
+MIN_BUDGET_S = 2.0
+SPOT_PAUSE_S = 0.5
+"""Before a second spot check of a stored baseline that the first disagreed with."""
+
+log = structlog.get_logger()
+T = TypeVar("T")
+
+
+def clock_name(device: torch.device, cfg: EvalConfig) -> str:
+    return clock_of(device.type, cfg.timing)
+
+
+class QuietWindows(Protocol):
+    """The judge's way to a quiet window (tools/processes/judge.py): `measure` runs while every other
+    candidate runner is stopped (the job's own too when `hold_runner`), is run again while the
+    machine was not idle, and comes back with what ran beside it."""
+
+    def run(
+        self, what: Literal["reference", "harness", "candidate", "spot check"], hold_runner: bool, measure: Callable[[], T]
+    ) -> tuple[T, WindowReport]: ...
+
+
+@dataclass(frozen=True)
+class Harness:
+    """What a hand-over costs the harness, measured on the null model."""
+
+    batch: int
+    batch_ms: float
+    """A hand-over of `batch` calls."""
+    single_ms: float
+    """A hand-over of one call."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The reference's timings for one task and setting, reused across candidates by the judge."""
+
+    reference: Timed
+    """Per call, from batches of `batch` calls, the harness's cost subtracted."""
+    compiled: TimingStats | None
+    roofline_ms: float | None
+    compiled_error: str | None = None
+    """Why torch.compile of the reference gave no baseline, when it failed."""
+    source: Literal["measured", "cached", "remeasured"] = "measured"
+    spot_ms: float | None = None
+    """The spot check's median, whenever one ran."""
+    compiled_samples: tuple[float, ...] = ()
+    noise_band: tuple[float, float] | None = None
+    """The reference timed against itself: the 95% interval of that ratio (see `measure_baseline`)."""
+    batch: int = 1
+    single: Timed | None = None
+    """Per call, handed over one at a time (when batch > 1)."""
+    note: str = ""
+
+
+Snapshot = tuple[tuple[torch.Tensor | None, torch.Tensor], ...]
+"""Per output of a batch: the positions read (None: all of it) and their values, one row a call."""
+
+
+def _reader(per_call: int, calls: int, generator: torch.Generator, device: torch.device) -> Callable[[Arena], Snapshot]:
+    """Inside the judge's clock: every slot of the batch's outputs sampled, one gather per output."""
+    wanted = max(MIN_SLOT_VALUES, SNAPSHOT_VALUES // calls)
+
+    def read(arena: Arena) -> Snapshot:
+        taken: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        for view in arena.stacked(per_call):
+            if view.shape[1] <= wanted:
+                taken.append((None, view.clone()))
+            else:
+                picks = torch.randint(view.shape[1], (wanted,), device=view.device, generator=generator)
+                taken.append((picks, view.index_select(1, picks)))
+        synchronize(device)
+        return tuple(taken)
+
+    return read
 
 
 @dataclass
-class ClockedTiming:
-    """The candidate timed remotely, its chosen outputs checked and its times held to the judge's
-    clock; a failed clock check is timed again after measuring the harness's overhead anew."""
+class Side:
+    """One side's hand-overs, as the judge timed them."""
+
+    per_call_ms: list[float] = field(default_factory=list)
+    """(batch time - harness) / K, per timed batch."""
+    single_ms: list[float] = field(default_factory=list)
+    """Single-call hand-overs, harness subtracted (when K > 1)."""
+    snapshots: list[Snapshot] = field(default_factory=list)
+    single_snapshots: list[Snapshot] = field(default_factory=list)
+    runner_ms: list[float] = field(default_factory=list)
+    """The runner's own figures (a diagnostic)."""
+
+
+@dataclass
+class TimedPath:
+    """The judge's hand-overs of one task's calls to a runner, and its clock around them."""
 
     program: Program
     cfg: EvalConfig
-    ref_model: Any
-    new_model: RemoteModel
     make_args: MakeArgs
     specs: tuple[Spec, ...]
-    timer: Timer
-    calibration: Calibration
-    attempts: int = 0
+    source: str = "drawn"
+    """How the calls' inputs are made: "drawn", "mixed" or "rotating" (see `args_for_calls`)."""
+    flush: torch.Tensor | None = None
+    """The judge's L2 flush buffer (CUDA): zeroed inside the clock, after the inputs are written."""
+    generator: torch.Generator = field(init=False)
 
-    def time(self, trials: int, every: bool = False) -> tuple[RemoteTiming, tuple[int, ...]]:
-        cfg = self.cfg
-        for attempt in range(1, CLOCK_ATTEMPTS + 1):
-            self.attempts += 1
-            run = time_remote(self.new_model, self.make_args, self.specs, cfg.warmup, trials)
-            checked = check_timed_outputs(
-                run, choose_checked(cfg, trials, every), self.program, cfg, self.ref_model, self.make_args, cfg.warmup
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator(device=self.program.device)
+        self.generator.manual_seed(random.SystemRandom().getrandbits(63))
+        if self.program.device.type == "cuda" and self.flush is None:
+            self.flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.float32, device=self.program.device)
+
+    @property
+    def graph(self) -> bool:
+        return self.program.device.type == "cuda" and self.cfg.timing == "graph"
+
+    def _before_call(self) -> None:
+        if self.flush is not None:
+            self.flush.zero_()
+            torch.cuda.synchronize(self.program.device)
+
+    def hand_over(self, model: RemoteModel, first: int, calls: int) -> tuple[float, Snapshot, tuple[float, ...]]:
+        """One hand-over of calls first..first+calls-1: the judge's milliseconds, the outputs' samples, the runner's figures."""
+        sets = [self.make_args(first + j) for j in range(calls)]  # drawn before the clock starts
+        read = _reader(len(self.specs), calls, self.generator, self.program.device)
+        done = model.hand_over(sets, self.specs, read, self._before_call, graph=self.graph)
+        if done.mismatch:
+            raise StageFailed(EvalStatus.INCORRECT, f"timed call {first + 1}: {done.mismatch}")
+        return done.wall_ms, done.read, done.reply.runner_ms
+
+    def walls(self, model: RemoteModel, calls: int, count: int, first: int = 0) -> list[float]:
+        return [self.hand_over(model, first + i * calls, calls)[0] for i in range(count)]
+
+    def harness(self, null: RemoteModel, batch: int) -> Harness:
+        """The null model's hand-overs, at their lower quartile (after two unrecorded ones)."""
+
+        def cost(calls: int) -> float:
+            walls = self.walls(null, calls, HARNESS_TRIALS + 2)[2:]
+            return _quantile(walls, HARNESS_QUANTILE)
+
+        single = cost(1)
+        return Harness(batch, cost(batch) if batch > 1 else single, single)
+
+    def side(self, model: RemoteModel, harness: Harness, trials: int, keep: bool, budget_s: float | None = None) -> Side:
+        """Warm-up batches, then `trials` timed batches, each followed by one single-call hand-over
+        when K > 1; snapshots kept when `keep` (the candidate's, for the checks after it). Past
+        `budget_s`, the timing ends after MIN_TRIALS batches."""
+        k = harness.batch
+        started = time.monotonic()
+        for w in range(self.cfg.warmup):
+            self.hand_over(model, w * k, k)
+        side = Side()
+        first = self.cfg.warmup * k
+        for t in range(trials):
+            if budget_s is not None and t >= MIN_TRIALS and time.monotonic() - started > budget_s:
+                break
+            wall, snapshot, runner = self.hand_over(model, first + t * k, k)
+            side.per_call_ms.append(max(wall - harness.batch_ms, 0.0) / k)
+            side.runner_ms.extend(runner)
+            if keep:
+                side.snapshots.append(snapshot)
+            if k > 1:
+                wall, snapshot, _ = self.hand_over(model, SINGLE_CALLS_BASE + t, 1)
+                side.single_ms.append(max(wall - harness.single_ms, 0.0))
+                if keep:
+                    side.single_snapshots.append(snapshot)
+        return side
+
+    def choose_batch(self, reference: RemoteModel, null: RemoteModel) -> int:
+        """K: a batch's calls take BATCH_TARGET hand-overs' worth of harness, within MAX_BATCH and the arenas' bytes."""
+        single = _quantile(self.walls(null, 1, PROBE_CALLS + 2)[2:], HARNESS_QUANTILE)
+        call = _quantile(self.walls(reference, 1, PROBE_CALLS + 1)[1:], HARNESS_QUANTILE) - single
+        return self.batch_for(call, single)
+
+    def batch_for(self, call_ms: float, single_ms: float) -> int:
+        per_call_bytes = sum(t.nbytes for t in tensors_of(self.make_args(0))) + sum(s.nbytes for s in self.specs)
+        by_bytes = max(1, BATCH_BYTES[self.program.device.type] // max(1, per_call_bytes))
+        wanted = math.ceil(BATCH_TARGET * single_ms / max(call_ms, 1e-4))
+        return max(1, min(MAX_BATCH, by_bytes, wanted))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _timed(samples: list[float], clock: str) -> Timed:
+    return Timed(stats(samples, clock), tuple(samples))
+
+
+@dataclass
+class ReferenceRunner:
+    """The task's models in the judge's reference runner, built once per job."""
+
+    link: RunnerLink
+    program: Program
+    cfg: EvalConfig
+    specs: tuple[Spec, ...]
+    source: str
+    _models: dict[str, RemoteModel] = field(default_factory=dict)
+
+    def model(self, role: Literal["reference", "compiled", "null"]) -> RemoteModel:
+        if not self._models:
+            self.link.load_task(self.source, self.cfg.dtype_name, self.cfg.allow_tf32)
+        if role not in self._models:
+            self._models[role] = self.link.build(self.cfg.seed, role, self.specs if role == "null" else ())
+        return self._models[role]
+
+
+def measure_baseline(path: TimedPath, ref: ReferenceRunner, harness: Harness, ref_model: Any) -> Baseline:
+    """The reference timed through the path; with `cfg.noise_band`, timed again the same way (an
+    A/A run), whose ratio's interval is the band a speedup must leave to be a difference the
+    timing can show; torch.compile of it the same way when asked for."""
+    cfg = path.cfg
+    clock = clock_name(path.program.device, cfg)
+    first = path.side(ref.model("reference"), harness, cfg.trials, keep=False)
+    reference = _timed(first.per_call_ms, clock)
+    band = None
+    if cfg.noise_band:
+        again = path.side(ref.model("reference"), harness, cfg.trials, keep=False)
+        band = symmetric_band(speedup_interval(reference.samples_ms, tuple(again.per_call_ms), seed=cfg.seed))
+    compiled = compiled_error = None
+    compiled_samples: tuple[float, ...] = ()
+    if cfg.times_compiled_reference:
+        try:
+            timed = path.side(ref.model("compiled"), replace(harness), cfg.trials, keep=False)
+            compiled, compiled_samples = stats(timed.per_call_ms, clock), tuple(timed.per_call_ms)
+        except StageFailed as exc:  # torch.compile can fail on a machine without a toolchain: the report says why
+            compiled_error = exc.message.strip().splitlines()[0][:500] if exc.message.strip() else "torch.compile failed"
+    try:
+        roofline = reference_roofline_ms(ref_model, path.program.inputs(cfg.seed + 1_000_003), path.program.device)
+    except Exception as exc:  # noqa: BLE001 - information only: an op the counter cannot follow leaves it unknown
+        print(f"no roofline for the reference: {exc}", file=sys.stderr)
+        roofline = None
+    return Baseline(
+        reference=reference,
+        compiled=compiled,
+        roofline_ms=roofline,
+        compiled_error=compiled_error,
+        compiled_samples=compiled_samples,
+        noise_band=band,
+        batch=harness.batch,
+        single=_timed(first.single_ms, clock) if first.single_ms else None,
+    )
+
+
+def _stored(stored: StoredBaseline, clock: str, spot: float, note: str = "") -> Baseline:
+    return Baseline(
+        Timed(stored.reference, stored.reference_samples_ms),
+        stored.compiled,
+        stored.roofline_ms,
+        source="cached",
+        spot_ms=spot,
+        compiled_samples=stored.compiled_samples_ms,
+        noise_band=stored.noise_band,
+        batch=stored.batch_calls,
+        single=_timed(list(stored.reference_single_ms), clock) if stored.reference_single_ms else None,
+        note=note,
+    )
+
+
+@dataclass
+class JudgedTiming:
+    """Everything the stage needs of one job: the judge's path, its reference runner and quiet windows."""
+
+    path: TimedPath
+    ref: ReferenceRunner
+    quiet: QuietWindows
+    windows: list[WindowReport] = field(default_factory=list)
+
+    def in_quiet(self, what: Literal["reference", "harness", "candidate", "spot check"], hold_runner: bool, measure: Callable[[], T]) -> T:
+        value, report = self.quiet.run(what, hold_runner, measure)
+        self.windows.append(report)
+        return value
+
+    def harness(self, batch: int) -> Harness:
+        return self.in_quiet("harness", True, lambda: self.path.harness(self.ref.model("null"), batch))
+
+    def new_baseline(self, ref_model: Any) -> tuple[Baseline, Harness]:
+        """K from a probe; measured again with a larger K while the reference's batches turn out
+        shorter than the harness target (a probe on a noisy machine guesses K low)."""
+
+        def measure() -> tuple[Baseline, Harness]:
+            batch = self.path.choose_batch(self.ref.model("reference"), self.ref.model("null"))
+            for _ in range(BATCH_ATTEMPTS):
+                harness = self.path.harness(self.ref.model("null"), batch)
+                base = measure_baseline(self.path, self.ref, harness, ref_model)
+                wanted = self.path.batch_for(base.reference.stats.median, harness.single_ms)
+                if wanted <= batch:
+                    break
+                log.info("batch_too_small_for_the_reference", batch=batch, wanted=wanted, reference_ms=base.reference.stats.median)
+                batch = wanted
+            if base.reference.stats.median <= 0:
+                raise StageFailed(
+                    EvalStatus.RUNTIME_ERROR,
+                    f"the reference's time could not be told from the harness's cost ({harness.batch_ms:.4g} ms a batch of "
+                    f"{batch}): the machine is too noisy to time this task",
+                )
+            return base, harness
+
+        return self.in_quiet("reference", True, measure)
+
+    def spot(self, stored: StoredBaseline) -> tuple[float, Harness]:
+        def measure() -> tuple[float, Harness]:
+            harness = self.path.harness(self.ref.model("null"), stored.batch_calls)
+            k = stored.batch_calls
+            trials = spot_calls(self.path.cfg)
+            ref = self.ref.model("reference")
+            for w in range(self.path.cfg.warmup):
+                self.path.hand_over(ref, w * k, k)
+            walls = self.path.walls(ref, k, trials, first=self.path.cfg.warmup * k)
+            return statistics.median(max(w - harness.batch_ms, 0.0) / k for w in walls), harness
+
+        return self.in_quiet("spot check", True, measure)
+
+    def baseline(self, ref_model: Any, key: tuple[Any, ...], store: BaselineStore | None) -> tuple[Baseline, Harness]:
+        """A stored baseline when spot checks in quiet agree with it, else measured in quiet (and stored).
+
+        A spot check that disagrees is a sign of a noisy machine or an attack, not a reason to
+        believe a new figure: the spot check is taken again in a new quiet window, and only when
+        that one disagrees too is the reference measured again, in quiet, and the result says so."""
+        cfg, device = self.path.cfg, self.path.program.device
+        if store is None:
+            return self.new_baseline(ref_model)
+        setting = baseline_setting(cfg, device, key)
+        digest = baseline_key(setting)
+        stored = None if cfg.remeasure_baselines else store.load(digest)
+        if stored is not None and cfg.noise_band and stored.noise_band is None:
+            stored = None  # written before the A/A run: measured again, with it
+        spots: list[float] = []
+        if stored is not None:
+            for attempt in range(2):
+                spot, harness = self.spot(stored)
+                spots.append(spot)
+                if agrees(stored.reference.median, spot):
+                    note = "" if attempt == 0 else f"the first spot check read {spots[0]:.4g} ms; the second, in a new quiet window, agreed"
+                    return _stored(stored, clock_name(device, cfg), spot, note), harness
+                log.info("stored baseline disagrees with a spot check in quiet", stored_ms=stored.reference.median, spot_ms=spot)
+                time.sleep(SPOT_PAUSE_S)
+        base, harness = self.new_baseline(ref_model)
+        if stored is not None:
+            base = replace(
+                base,
+                source="remeasured",
+                spot_ms=spots[-1],
+                note=(
+                    f"the stored baseline ({stored.reference.median:.4g} ms) disagreed with two spot checks in quiet "
+                    f"({', '.join(f'{s:.4g}' for s in spots)} ms): the reference was timed again in quiet"
+                ),
             )
-            try:
-                check_clock(run, self.calibration)
-                return run, checked
-            except Rejected as exc:
-                if attempt == CLOCK_ATTEMPTS:
-                    raise
-                log.info("clock_check_failed_timing_again", attempt=attempt, why=str(exc)[:200])
-                self.calibration = calibrate(self.timer)
-        raise AssertionError("unreachable")
+        # A failed torch.compile may be transient (a timeout, a busy compiler): the next judge tries again.
+        if base.compiled_error is None:
+            store.save(
+                StoredBaseline(
+                    key=digest,
+                    setting=setting,
+                    reference=base.reference.stats,
+                    reference_samples_ms=base.reference.samples_ms,
+                    compiled=base.compiled,
+                    roofline_ms=base.roofline_ms,
+                    compiled_samples_ms=base.compiled_samples,
+                    noise_band=base.noise_band,
+                    batch_calls=base.batch,
+                    reference_single_ms=base.single.samples_ms if base.single else (),
+                    harness_ms=harness.batch_ms,
+                )
+            )
+        return base, harness
+
+    def candidate(self, model: RemoteModel, harness: Harness, trials: int, base: Baseline) -> Side:
+        reference_s = trials * (harness.batch_ms + harness.batch * base.reference.stats.median) / 1e3
+        budget = max(MIN_BUDGET_S, BUDGET_FACTOR * reference_s)
+        return self.in_quiet("candidate", False, lambda: self.path.side(model, harness, trials, keep=True, budget_s=budget))
+
+
+def check_timed_outputs(side: Side, checked: frozenset[int], path: TimedPath, ref_model: Any, batch: int) -> tuple[int, ...]:
+    """The chosen timed calls' sampled outputs against the reference on those calls' own inputs.
+    Call i is slot i % batch of timed batch i // batch."""
+    cfg = path.cfg
+    total = len(side.snapshots) * batch
+    for i in sorted(checked):
+        index = cfg.warmup * batch + i
+        _check_one(path, ref_model, index, side.snapshots[i // batch], i % batch, f"timed call {i + 1} of {total}")
+    return tuple(sorted(checked))
+
+
+def _check_one(path: TimedPath, ref_model: Any, index: int, snapshot: Snapshot, row: int, which_call: str) -> None:
+    with torch.no_grad():
+        expected = tensors_of(ref_model(*clone_args(path.make_args(index))))
+    for k, (exp, (picks, values)) in enumerate(zip(expected, snapshot, strict=True)):
+        flat = exp.reshape(-1)
+        wanted = flat if picks is None else flat[picks]
+        cmp = compare(wanted, values[row], path.cfg, which="output" if len(expected) == 1 else f"output {k}")
+        if not cmp.passed:
+            raise StageFailed(
+                EvalStatus.INCORRECT,
+                f"{which_call} returned a wrong output for its own inputs: {cmp.reason} "
+                "(read the moment its batch ended: is an output reused across calls, or left unfinished while timed?)",
+            )
+
+
+def choose_checked(cfg: EvalConfig, calls: int, every: bool = False) -> frozenset[int]:
+    """Drawn from the OS after the timing, in the judge: nothing in the candidate's process can know them."""
+    k = cfg.guards.checked_timed_calls
+    if every:
+        return frozenset(range(calls))
+    if k == 0:
+        return frozenset()
+    draw = random.SystemRandom().sample(range(calls - 1), min(k, calls - 1)) if calls > 1 else []
+    return frozenset([*draw, calls - 1])
+
+
+def _median_se(values: list[float]) -> float:
+    """Standard error of a median, from the median absolute deviation (normal approximation)."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(values))
+
+
+def overlap(candidate: Side, reference_single: Timed | None, reference: Timed) -> str:
+    """Why the candidate's batches cannot be believed (it gained more from batching than the
+    reference did beyond noise), or "". Both sides' single-call and batch medians are the judge's;
+    a reference timed one call a hand-over gained nothing from batching."""
+    if not candidate.single_ms:
+        return ""
+    single_c = statistics.median(candidate.single_ms)
+    gain_c = single_c - statistics.median(candidate.per_call_ms)
+    gain_r = reference_single.stats.median - reference.stats.median if reference_single is not None else 0.0
+    noise = [_median_se(candidate.single_ms), _median_se(list(reference_single.samples_ms)) if reference_single is not None else 0.0]
+    if gain_c - gain_r <= OVERLAP_SHARE * single_c + 3 * math.hypot(*noise):
+        return ""
+    reference_single_ms = reference_single.stats.median if reference_single is not None else reference.stats.median
+    return (
+        f"handed over in batches the candidate took {statistics.median(candidate.per_call_ms) * 1e3:.2f} us a call, "
+        f"one call at a time {single_c * 1e3:.2f} us; the reference {reference.stats.median * 1e3:.2f} and "
+        f"{reference_single_ms * 1e3:.2f} us: its calls gained more from batching than the reference's "
+        "(overlapped, or read ahead), so both sides are scored from single calls"
+    )
 
 
 def time_candidate(
-    timer: Timer,
-    program: Program,
-    cfg: EvalConfig,
+    timed: JudgedTiming,
     ref_model: Any,
     new_model: RemoteModel,
     baselines: dict[tuple[Any, ...], Baseline],
     baseline_key: tuple[Any, ...],
-    calibration: Calibration,
     store: BaselineStore | None = None,
 ) -> TimingReport:
-    """The reference timed here (or its stored baseline confirmed here), the candidate in its own
-    process on inputs written here one call at a time; raises Rejected or StageFailed when a guard fires."""
-    calls = args_for_calls(program, cfg, ref_model)
+    """The reference (or its stored baseline, confirmed) and the harness's cost in quiet with the
+    candidate's runner stopped, then the candidate in quiet; raises Rejected or StageFailed when a guard fires."""
+    path, cfg = timed.path, timed.path.cfg
     key = (*baseline_key, cfg.guards.fresh_inputs, cfg.guards.fresh_input_source)
     if key not in baselines:
-        baselines[key] = _stored_or_measured(timer, program, cfg, ref_model, key, store, calls)
+        baselines[key], harness = timed.baseline(ref_model, key, store)
+    else:
+        harness = timed.harness(baselines[key].batch)
     base = baselines[key]
-    with torch.no_grad():
-        specs = tuple(Spec.of(t) for t in tensors_of(ref_model(*calls.make(0))))
-    clocked = ClockedTiming(program, cfg, ref_model, new_model, calls.make, specs, timer, calibration)
-    run, checked = clocked.time(cfg.trials)
+    side = timed.candidate(new_model, harness, cfg.trials, base)
+    for _ in range(BATCH_ATTEMPTS - 1):
+        # A candidate far faster than the reference: its batches, sized for the reference, hold too
+        # little of its own time to tell from the harness's. Timed again with batches sized for it.
+        wanted = path.batch_for(statistics.median(side.per_call_ms), harness.single_ms)
+        if wanted < 2 * harness.batch:
+            break
+        harness = timed.harness(wanted)
+        side = timed.candidate(new_model, harness, cfg.trials, base)
+    total = len(side.per_call_ms) * harness.batch
+    checked = check_timed_outputs(side, choose_checked(cfg, total), path, ref_model, harness.batch)
+    _check_singles(side, path, ref_model)
     floor = None
     retimed = False
     if cfg.guards.speed_of_light:
-        floor = output_floor_ms(run.output_bytes, program.device)
-        if statistics.median(run.samples_ms) < floor:
-            run, checked = _below_floor(clocked, floor)
+        floor = output_floor_ms(nbytes(tensors_of(ref_model(*clone_args(path.make_args(0))))), path.program.device)
+        if statistics.median(side.per_call_ms) < floor:
+            side, checked = _below_floor(timed, new_model, harness, ref_model, floor)
             retimed = True
-    samples = tuple(run.samples_ms)
-    cand = stats(list(samples), timer.clock)
-    ref = base.reference.stats
+    clock = clock_name(path.program.device, cfg)
+    why_single = overlap(side, base.single, base.reference)
     against, against_samples, fallback = chosen_baseline(cfg, base)
+    samples = tuple(side.per_call_ms)
+    if why_single:
+        reference_single = base.single or base.reference
+        samples, against, against_samples = tuple(side.single_ms), "eager", reference_single.samples_ms
+        fallback = fallback or (None if cfg.baseline == "eager" else "scored from single calls, against the eager reference's")
+    cand = stats(list(samples), clock)
     speedup = statistics.median(against_samples) / cand.median if cand.median > 0 else float("inf")
     band = base.noise_band
     compiled = base.compiled
+    notes = [n for n in (base.note, why_single) if n]
     return TimingReport(
         candidate=cand,
-        reference=ref,
+        reference=base.reference.stats,
         reference_compiled=compiled,
         compiled_error=base.compiled_error,
         speedup=speedup,
-        speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 else None,
+        speedup_vs_compiled=(compiled.median / cand.median) if compiled and cand.median > 0 and not why_single else None,
         speedup_ci95=speedup_interval(against_samples, samples, seed=cfg.seed),
         baseline=against,
         baseline_fallback=fallback,
         noise_band=band,
         within_noise=(band[0] <= speedup <= band[1]) if band is not None else None,
         fresh_inputs=cfg.guards.fresh_inputs,
-        input_source=calls.source,
+        input_source=path.source,
         checked_calls=checked,
         floor_ms=floor,
         floor_retimed=retimed,
         reference_roofline_ms=base.roofline_ms,
         reference_source=base.source,
         reference_spot_ms=base.spot_ms,
-        judge_wall_ms=statistics.median(run.walls_ms),
-        clock_attempts=clocked.attempts,
+        timed_by="judge",
+        batch_calls=harness.batch,
+        reference_batch_calls=base.batch,
+        harness_ms=harness.batch_ms,
+        harness_single_ms=harness.single_ms,
+        single_call=stats(side.single_ms, clock) if side.single_ms else None,
+        reference_single=base.single.stats if base.single else None,
+        scored_from="single_calls" if why_single else "batches",
+        runner_reported_ms=statistics.median(side.runner_ms) if side.runner_ms else None,
+        windows=tuple(timed.windows),
+        note="; ".join(notes),
     )
 
 
-def _below_floor(clocked: ClockedTiming, floor: float) -> tuple[RemoteTiming, tuple[int, ...]]:
+def _check_singles(side: Side, path: TimedPath, ref_model: Any) -> None:
+    """Two single-call hand-overs, drawn after the timing, checked like the batches' calls."""
+    if not side.single_snapshots:
+        return
+    for t in random.SystemRandom().sample(range(len(side.single_snapshots)), min(2, len(side.single_snapshots))):
+        _check_one(path, ref_model, SINGLE_CALLS_BASE + t, side.single_snapshots[t], 0, f"single timed call {t + 1}")
+
+
+def _below_floor(
+    timed: JudgedTiming, new_model: RemoteModel, harness: Harness, ref_model: Any, floor: float
+) -> tuple[Side, tuple[int, ...]]:
     """Timed below the speed of light: again on fresh inputs, every output checked. Still below,
     rejected; above, the candidate is scored from this timing, not the first."""
-    again, checked = clocked.time(min(clocked.cfg.trials, 20), every=True)
-    median = statistics.median(again.samples_ms)
+    path = timed.path
+    trials = min(path.cfg.trials, 20)
+    # Fresh inputs: the path's calls are made again from new seeds.
+    again_path = replace(path, make_args=args_for_calls(path.program, path.cfg, ref_model).make)
+    again = timed.in_quiet("candidate", False, lambda: again_path.side(new_model, harness, trials, keep=True))
+    checked = check_timed_outputs(again, choose_checked(path.cfg, trials * harness.batch, every=True), again_path, ref_model, harness.batch)
+    median = statistics.median(again.per_call_ms)
     if median >= floor:
         return again, checked
-    bandwidth, _, _ = peaks(clocked.program.device)
+    bandwidth, _, _ = peaks(path.program.device)
     raise Rejected(
-        f"timed at {median * 1e3:.2f} us per call, below the speed-of-light floor of {floor * 1e3:.2f} us "
-        f"(writing its {again.output_bytes / 1e6:.3g} MB of outputs at {bandwidth / 1e12:.3g} TB/s, with slack, plus a "
-        f"launch), also when timed again on fresh inputs with every output checked: the work escapes the timer"
+        f"timed by the judge at {median * 1e3:.2f} us per call, below the speed-of-light floor of {floor * 1e3:.2f} us "
+        f"(writing its outputs at {bandwidth / 1e12:.3g} TB/s, with slack, plus a launch), also when timed again on fresh "
+        "inputs with every output checked: the work escapes the timing"
     )

@@ -1,0 +1,180 @@
+"""The time in a verdict is the judge's, taken while nothing else runs (tools/steps/timing_stage.py,
+tools/processes/quiet.py).
+
+Real compiled candidates whose native code tries to move the time, each against its honest twin
+(the same work, the same kernel): the candidate's own process under-reporting through the C API,
+and a candidate that loads the machine whenever its own calls are not running. Each is scored as
+its twin is, or refused with both figures. Then the method itself: the same honest kernel ten
+times with one cache, and a kernel of tens of microseconds, batched.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from candidates import FIXTURES, candidate
+
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.results import EvalResult, Stage, TimingReport
+from kernel_refinery.tools.steps.timing import Timer
+
+RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
+
+HACKS = (FIXTURES / "clock_hacks.cpp").read_text()
+HEADER = f'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(
+    name="refinery_clock_hacks",
+    cpp_sources=r"""
+{HACKS}""",
+    functions=["relu_reps", "relu_hidden", "relu_loading"],
+    extra_cflags=["-O2"],
+)
+'''
+
+SHORT_REPS = 2
+"""About half a millisecond on the relu task (256 x 1024) on a 2-core Xeon: below the old clock check's
+allowance (3 x (round trip + timer + copy) + 1 ms), which let a short kernel hide most of itself."""
+LONG_REPS = 24
+"""About six milliseconds: above it, where the old check let a kernel hide a quarter of its time."""
+
+
+def build(forward: str) -> str:
+    return candidate(forward, header=HEADER)
+
+
+def timing(result: EvalResult) -> TimingReport:
+    assert result.status is EvalStatus.CORRECT and result.timing is not None, result.message
+    return result.timing
+
+
+@pytest.fixture(scope="module")
+def config(cpu_config: EvalConfig, tmp_path_factory: pytest.TempPathFactory) -> EvalConfig:
+    # The builds are shared with the session; the baselines are this module's own.
+    return cpu_config.model_copy(update={"trials": 30, "warmup": 2, "cpu_threads": 1, "reverify_speedup": 1e9})
+
+
+@pytest.fixture(scope="module")
+def evaluator(config: EvalConfig) -> Iterator[Evaluator]:
+    with Evaluator(config) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("reps", [SHORT_REPS, LONG_REPS], ids=["short", "long"])
+@pytest.mark.parametrize("scale", [0.25, 0.80])
+def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator, relu_task: TaskProgram, reps: int, scale: float) -> None:
+    """The runner's clock function replaced from native code for the one read after each call, and
+    put back by that read: the candidate's process believes it, the verdict does not use it."""
+    honest = timing(evaluator.run(relu_task, build(f"return ext.relu_reps(x, {reps})"), RUNTIME))
+    result = evaluator.run(relu_task, build(f"return ext.relu_hidden(x, {reps}, {scale})"), RUNTIME)
+    if result.status is EvalStatus.REJECTED:
+        assert "ms" in result.message, result.message
+        return
+    hidden = timing(result)
+    assert hidden.timed_by == "judge"
+    assert hidden.runner_reported_ms is not None and honest.runner_reported_ms is not None
+    # The hack was real: its own process saw the shortened times.
+    assert hidden.runner_reported_ms < (scale + 0.1) * honest.runner_reported_ms, (hidden.runner_reported_ms, honest.runner_reported_ms)
+    assert hidden.speedup == pytest.approx(honest.speedup, rel=0.10), (
+        f"shortened {hidden.candidate.median:.4g} ms against honest {honest.candidate.median:.4g} ms"
+    )
+
+
+@pytest.fixture(scope="module")
+def fresh_evaluators(config: EvalConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Evaluator, Evaluator]]:
+    """Two evaluators with baseline caches of their own: each judge times the reference itself."""
+    first = config.model_copy(update={"baseline_cache": False})
+    with Evaluator(first) as a, Evaluator(first) as b:
+        yield a, b
+
+
+def test_loading_the_machine_between_calls_moves_no_time(fresh_evaluators: tuple[Evaluator, Evaluator], relu_task: TaskProgram) -> None:
+    """Native threads stream memory whenever no call of the candidate's has run for 2 ms, as while
+    the judge times the reference: the runner is stopped then, and the machine checked idle. The
+    reference it meets is its honest twin's, and so is its speedup."""
+    loading_ev, honest_ev = fresh_evaluators
+    loading = timing(loading_ev.run(relu_task, build(f"return ext.relu_loading(x, {SHORT_REPS}, 2)"), RUNTIME))
+    honest = timing(honest_ev.run(relu_task, build(f"return ext.relu_reps(x, {SHORT_REPS})"), RUNTIME))
+    assert honest.noise_band is not None
+    low, high = honest.noise_band
+    ratio = loading.reference.median / honest.reference.median
+    assert low <= ratio <= high, (
+        f"the reference read {loading.reference.median:.4g} ms beside the loader, {honest.reference.median:.4g} ms alone"
+    )
+    assert loading.speedup == pytest.approx(honest.speedup, rel=0.10)
+    reference_windows = [w for w in loading.windows if w.what in ("reference", "harness")]
+    assert reference_windows and all(w.held >= 1 and w.quiet for w in reference_windows), loading.windows
+
+
+def test_the_same_kernel_ten_times_with_one_cache_reads_the_same(config: EvalConfig, relu_task: TaskProgram, tmp_path: Path) -> None:
+    """As `refinery eval` ten times in a row: a new judge each time, the baseline from the cache,
+    spot-checked in quiet. Every speedup lies within the first one's A/A band."""
+    cfg = config.model_copy(update={"cache_dir": config.cache_dir, "trials": 20})
+    source = build(f"return ext.relu_reps(x, {SHORT_REPS})")
+    readings: list[TimingReport] = []
+    for _ in range(10):
+        with Evaluator(cfg.model_copy(update={"remeasure_baselines": not readings})) as ev:
+            readings.append(timing(ev.run(relu_task, source, RUNTIME)))
+    first = readings[0]
+    assert first.noise_band is not None
+    low, high = first.noise_band
+    ratios = [r.speedup / first.speedup for r in readings]
+    assert all(low <= r <= high for r in ratios), [round(r, 3) for r in ratios]
+    assert {r.reference_source for r in readings[1:]} <= {"cached", "remeasured"}
+
+
+TINY_TASK = TaskProgram(
+    name="tiny_relu",
+    source=textwrap.dedent(
+        """
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.relu(x)
+
+        def get_inputs():
+            return [torch.randn(64, 1024)]
+
+        def get_init_inputs():
+            return []
+        """
+    ),
+)
+
+
+def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evaluator: Evaluator) -> None:
+    """A ReLU of tens of microseconds: a round trip costs as much, so the judge hands over batches;
+    its speedup agrees, within the A/A band, with both sides timed call by call in one process."""
+    source = build("return ext.relu_reps(x, 1)")
+    report = timing(evaluator.run(TINY_TASK, source, RUNTIME))
+    assert report.batch_calls > 1 and report.harness_ms is not None
+    namespace: dict[str, object] = {}
+    exec(compile(TINY_TASK.source, "task", "exec"), namespace)  # noqa: S102 - the test's own task
+    exec(compile(source, "candidate", "exec"), namespace)  # noqa: S102 - the test's own candidate, in the test's process
+    torch.set_num_threads(1)
+    timer = Timer(torch.device("cpu"))
+    ref, new = namespace["Model"](), namespace["ModelNew"]()  # type: ignore[operator]  # the classes the exec defined
+
+    def make(i: int) -> list[torch.Tensor]:
+        return [torch.randn(64, 1024)]
+
+    in_process = [
+        statistics.median(timer.time(ref, make, 20, 200).samples_ms) / statistics.median(timer.time(new, make, 20, 200).samples_ms)
+        for _ in range(3)
+    ]
+    assert report.noise_band is not None
+    low, high = report.noise_band
+    old = statistics.median(in_process)
+    assert low <= report.speedup / old <= high, f"batched {report.speedup:.3f}x, in process {old:.3f}x, band {report.noise_band}"
