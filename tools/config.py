@@ -8,9 +8,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel_refinery.core.errors import ConfigError
 from kernel_refinery.core.numerics import Numerics, Precision
 
 Device = Literal["cpu", "cuda"]
+
+CompilerChoice = Literal["auto", "gcc", "clang"]
+COMPILER_CHOICES: tuple[CompilerChoice, ...] = ("auto", "gcc", "clang")
 
 
 class Tolerance(BaseModel):
@@ -45,6 +49,20 @@ def default_pch_dir() -> Path:
     it passed explicitly, since they run with a HOME of their own."""
     override = os.environ.get("REFINERY_PCH_DIR")
     return Path(override) if override else Path.home() / ".cache" / "kernel-refinery" / "pch"
+
+
+def default_compiler() -> CompilerChoice:
+    """EvalConfig.compiler's default: REFINERY_COMPILER where it is set, else "auto"."""
+    raw = os.environ.get("REFINERY_COMPILER", "").strip()
+    for choice in COMPILER_CHOICES:
+        if raw == choice:
+            return choice
+    if not raw:
+        return "auto"
+    raise ConfigError(
+        f"REFINERY_COMPILER={raw!r} is not a compiler choice: give gcc, clang or auto, or unset it "
+        "(the setting is eval.compiler, e.g. --set eval.compiler=clang)"
+    )
 
 
 class Guards(BaseModel):
@@ -132,6 +150,13 @@ class EvalConfig(BaseModel):
     cpu_threads: int | None = None
     """Threads for torch and OpenMP in the worker; None: the cores given to it."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
+    compiler: CompilerChoice = Field(default_factory=default_compiler)
+    """The C++ compiler of a CPU candidate's build (tools/steps/compilers.py): "gcc" (`c++`, or CXX
+    where it names a GCC), "clang" (clang++-19 or clang++ with LLVM's OpenMP runtime, or CXX where it
+    names a clang), or "auto" (CXX where it is set, else GCC). A compiler asked for and not installed
+    is an error before any candidate runs. REFINERY_COMPILER gives the default; a CUDA build's
+    main.cpp stays with CXX/GCC, nvcc's host compiler. Each result names the compiler that built it
+    (CompileReport.compiler), and a run's manifest both."""
     guards: Guards = Field(default_factory=Guards)
 
     @property
