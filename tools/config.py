@@ -137,8 +137,11 @@ class EvalConfig(BaseModel):
     """Time the reference against itself once per task (an A/A run, cached with the baseline): a
     speedup inside that band is marked "no difference from the reference"."""
     baseline_cache: bool = True
-    """Keep reference timings on disk (cache_dir/baselines) for new workers and later runs; a stored
+    """Keep reference timings on disk (`baseline_root`) for new workers and later runs; a stored
     one is used only after a short re-timing of the reference in the worker agrees with it."""
+    baseline_dir: Path | None = None
+    """Where the baseline cache keeps its files; None: cache_dir/baselines, beside the builds. A folder
+    of its own keeps one set of baselines apart from another's while builds stay shared."""
     remeasure_baselines: bool = False
     """Time every reference in full even when a stored baseline exists, and overwrite the file."""
     reverify_speedup: float = 10.0
@@ -158,6 +161,11 @@ class EvalConfig(BaseModel):
     main.cpp stays with CXX/GCC, nvcc's host compiler. Each result names the compiler that built it
     (CompileReport.compiler), and a run's manifest both."""
     guards: Guards = Field(default_factory=Guards)
+
+    @property
+    def baseline_root(self) -> Path:
+        """The baseline cache's folder: baseline_dir, else cache_dir/baselines."""
+        return self.baseline_dir if self.baseline_dir is not None else self.cache_dir / "baselines"
 
     @property
     def times_compiled_reference(self) -> bool:

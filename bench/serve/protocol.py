@@ -22,6 +22,7 @@ SERVER_FIELDS = frozenset(
         "cpu_threads",
         "tolerances",
         "baseline_cache",
+        "baseline_dir",
         "remeasure_baselines",
         "compiler",
     }
