@@ -127,7 +127,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     llm: ModelSettings = ModelSettings()
     loop: LoopSettings = LoopSettings()
-    eval: EvalConfig = EvalConfig()
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     strategy: Strategy = Strategy.REFINE
     search: SearchSettings = SearchSettings()
 

@@ -63,7 +63,7 @@ class ExperimentConfig(BaseModel):
     strategies: list[Strategy] = Field([Strategy.REFINE], description="refine, best-of-n, beam: each runs on every task and variant")
     llm: ModelSettings = ModelSettings()
     loop: LoopSettings = Field(LoopSettings(), description="turns, target speedup and hardware prompt (the variant is each of `variants`)")
-    eval: EvalConfig = EvalConfig()
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     search: SearchSettings = Field(SearchSettings(), description="strategy options and the budget that caps each run")
     workers: int = Field(
         0, ge=0, description="evaluation workers; 0: one per core (at most 16 per GPU, at least one), or one per core on CPU"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kernel_refinery.tools.config import EvalConfig, clock_of
+from kernel_refinery.tools.config import CompilerChoice, EvalConfig, clock_of
 from kernel_refinery.tools.hardware import _cpu_flags, _cpu_model, nvml
 from kernel_refinery.tools.processes.sandbox import PROJECT_ROOT
 from kernel_refinery.traces.manifest import DeviceFacts, EvalFacts, RunManifest, SoftwareFacts, SourceFacts, TaskFile
@@ -55,11 +55,12 @@ def _first_line(text: str | None) -> str | None:
     return lines[0] if lines else None
 
 
-def compiler_versions(device: str) -> dict[str, str]:
-    """The run's C++ compiler, and gcc, clang and nvcc where they are on PATH."""
-    from kernel_refinery.tools.steps.pch import CLANG_NAMES, identify
+def compiler_versions(device: str, choice: CompilerChoice = "auto") -> dict[str, str]:
+    """The run's C++ compiler (the one `choice`, EvalConfig.compiler, builds with), and gcc, clang
+    and nvcc where they are on PATH."""
+    from kernel_refinery.tools.steps.compilers import CLANG_NAMES, identify
 
-    found = {"c++ (run)": identify(cuda=device == "cuda").describe()}
+    found = {"c++ (run)": identify(cuda=device == "cuda", choice=choice).describe()}
     for name, command in (("gcc", "gcc"), ("clang", next((c for c in CLANG_NAMES if shutil.which(c)), "clang"))):
         line = _first_line(_run(command, "--version"))
         if line:
@@ -80,7 +81,7 @@ def _package_version(*names: str) -> str | None:
     return None
 
 
-def software_facts(device: str) -> SoftwareFacts:
+def software_facts(device: str, compiler: CompilerChoice = "auto") -> SoftwareFacts:
     try:
         import torch
     except ImportError:
@@ -93,7 +94,7 @@ def software_facts(device: str) -> SoftwareFacts:
         cuda=cuda,
         hip=hip,
         triton=_package_version("triton", "pytorch-triton-rocm", "pytorch-triton"),
-        compilers=compiler_versions(device),
+        compilers=compiler_versions(device, compiler),
     )
 
 
@@ -145,6 +146,7 @@ def eval_facts(config: EvalConfig) -> EvalFacts:
         correctness_trials=config.correctness_trials,
         baseline=config.baseline,
         noise_band=config.noise_band,
+        compiler=config.compiler,
         seed=config.seed,
     )
 
@@ -159,7 +161,7 @@ def collect_manifest(config: EvalConfig, task_files: Sequence[tuple[str, Path]])
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         host=socket.gethostname(),
         source=source_facts(),
-        software=software_facts(config.device),
+        software=software_facts(config.device, config.compiler),
         device=device_facts(config),
         eval=eval_facts(config),
         tasks=tuple(TaskFile(key=key, path=str(path), sha256=sha256_of(path)) for key, path in task_files),

@@ -48,6 +48,7 @@ from benchmarks import REPO_ROOT
 from benchmarks.soak import KERNELS_CPP
 from benchmarks.soak import run as soak
 from kernel_refinery.tools.steps import compile_cache, pch
+from kernel_refinery.tools.steps.compilers import CLANG_NAMES, GCC_DEFAULT, find_clang, identify, identify_command
 
 EXAMPLES = REPO_ROOT / "prompts" / "examples"
 EXAMPLE = EXAMPLES / "sigmoid_cpp.py"
@@ -99,7 +100,8 @@ def build_once(kernel: Kernel, command: str, with_header: bool) -> float:
     source = f"// {uuid.uuid4()}\n{kernel.source}"
     with tempfile.TemporaryDirectory(prefix="refinery-compile-") as root, pinned(command):
         cache = compile_cache.CompileCache(Path(root))
-        header = contextlib.nullcontext() if with_header else mock.patch.object(compile_cache, "ready_header_dir", lambda cuda: None)
+        no_header = mock.patch.object(compile_cache, "ready_header_dir", lambda cuda, command=None: None)
+        header = contextlib.nullcontext() if with_header else no_header
         started = time.perf_counter()
         with header:
             cache.load_inline(
@@ -112,7 +114,7 @@ def header_alone_once(command: str) -> float:
     """Seconds to compile a source holding only the header, with the precompiled header, as
     load_inline would (the same compiler and options); nothing is linked."""
     with pinned(command):
-        cxx = pch.identify()
+        cxx = identify()
         directory = pch.ready_header_dir()
     assert directory is not None, "build the precompiled header first"
     with tempfile.TemporaryDirectory(prefix="refinery-compile-") as root:
@@ -185,10 +187,10 @@ def cuda_main(rounds: int, json_path: Path | None, console: Console) -> None:
 
 def compilers(console: Console) -> dict[str, str]:
     """GCC, and clang where installed: family to command."""
-    found = {"gcc": pch.GCC_DEFAULT}
-    clang = pch.find_clang()
+    found = {"gcc": GCC_DEFAULT}
+    clang = find_clang()
     if clang is None:
-        console.print(f"no clang++ here ({', '.join(pch.CLANG_NAMES)}): GCC's rows only")
+        console.print(f"no clang++ here ({', '.join(CLANG_NAMES)}): GCC's rows only")
     else:
         found["clang"] = clang
     return found
@@ -197,7 +199,7 @@ def compilers(console: Console) -> dict[str, str]:
 def ensure_headers(commands: dict[str, str], console: Console) -> None:
     for command in commands.values():
         with pinned(command):
-            cxx = pch.identify()
+            cxx = identify()
             if pch.ready_header_dir() is None:
                 console.print(f"building the precompiled header for {cxx.describe()} first (once per machine)...")
                 pch.build(cxx=cxx)
@@ -207,7 +209,7 @@ def ensure_headers(commands: dict[str, str], console: Console) -> None:
 def cpu_main(rounds: int, json_path: Path | None, console: Console) -> None:
     commands = compilers(console)
     ensure_headers(commands, console)
-    described = {family: pch._identify(command).describe() for family, command in commands.items()}
+    described = {family: identify_command(command).describe() for family, command in commands.items()}
     table_kernels = kernels()
     plan: list[tuple[str, str, bool]] = []
     for family in commands:

@@ -3,7 +3,9 @@
 Each test runs real workers and names the path that fired in the report's `reference_source`.
 The task's reference sleeps 10 ms per call, so its time barely moves with the load of this machine
 and the spot check's verdict is decided by the test, not by the scheduler; every test has a task
-of its own (a nonce in its source), so no file is shared between tests or with earlier runs.
+of its own (a nonce in its source), and the module a baseline folder of its own (the builds stay in
+the shared cache), so no file is shared between tests, with earlier runs or with other tests'
+judges (other pytest workers, a shared REFINERY_CACHE_DIR).
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ TAGS = ("cached", "trials", "precision", "source", "doctored", "remeasure", "cor
 
 
 @pytest.fixture(scope="module")
-def config(cpu_config: EvalConfig) -> EvalConfig:
+def config(cpu_config: EvalConfig, tmp_path_factory: pytest.TempPathFactory) -> EvalConfig:
     # 5 trials keep every file small and quick; the 10 ms reference is far from any speed-up worth re-verifying.
-    return cpu_config.model_copy(update={"trials": 5, "warmup": 1, "reverify_speedup": 1e9, "baseline_cache": True})
+    baselines = tmp_path_factory.mktemp("baselines")
+    return cpu_config.model_copy(
+        update={"trials": 5, "warmup": 1, "reverify_speedup": 1e9, "baseline_cache": True, "baseline_dir": baselines}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +101,7 @@ def timed_once(config: EvalConfig, judge: Judge, task: TaskProgram) -> TimingRep
 def stored_file(config: EvalConfig, task: TaskProgram) -> Path:
     """The one file of this task at this trials and precision."""
     found = []
-    for path in (config.cache_dir / "baselines").glob("*.json"):
+    for path in config.baseline_root.glob("*.json"):
         try:
             setting = StoredBaseline.model_validate_json(path.read_text()).setting
         except ValueError:  # another test's corrupt file
@@ -119,6 +124,15 @@ def test_a_new_worker_uses_the_stored_baseline_after_a_spot_check(config: EvalCo
     assert report.reference.median == stored.reference.median
     assert report.reference_spot_ms is not None and report.reference_spot_ms == pytest.approx(stored.reference.median, rel=0.1)
     assert report.speedup == pytest.approx(stored.reference.median / report.candidate.median)
+
+
+def test_the_files_are_in_the_folder_baseline_dir_names(config: EvalConfig, tasks: dict[str, TaskProgram], first: Judge) -> None:
+    """The judge keeps the baselines where the config says; by default beside the builds."""
+    assert config.baseline_dir is not None and config.baseline_root == config.baseline_dir
+    assert stored_file(config, tasks["cached"]).parent == config.baseline_dir
+    shared = config.cache_dir / "baselines"
+    assert not any(shared.glob(f"{stored_file(config, tasks['cached']).name}")), "none of this module's files in the shared folder"
+    assert EvalConfig(cache_dir=config.cache_dir).baseline_root == shared
 
 
 @pytest.mark.parametrize("change", ["trials", "precision", "source"])

@@ -77,6 +77,20 @@ def test_bad_flags_and_values() -> None:
     assert unknown.exit_code == 2 and "No such option" in unknown.output and "Traceback" not in unknown.output
 
 
+def test_a_compiler_that_is_not_a_choice_or_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval.compiler: a value that is no choice names the choices, whether given by --set or by
+    REFINERY_COMPILER; clang asked for where it is missing says what to install, before any runner starts."""
+    from kernel_refinery.tools.steps import compilers
+
+    assert_user_error(refinery("eval", RELU, SOLUTION, "--set", "eval.compiler=icc"), "--set eval.compiler must be auto, gcc or clang")
+    env = {"REFINERY_COMPILER": "icc"}
+    assert_user_error(refinery("eval", RELU, SOLUTION, env=env), "REFINERY_COMPILER='icc'", "gcc, clang or auto", "eval.compiler")
+    monkeypatch.setattr(compilers, "CLANG_NAMES", ("/nonexistent/clang++-19",))
+    monkeypatch.delenv("CXX", raising=False)
+    missing = refinery("eval", RELU, SOLUTION, "--set", "eval.compiler=clang")
+    assert_user_error(missing, "eval.compiler=clang, but no clang++", "libomp-19-dev", "--set eval.compiler=gcc")
+
+
 def test_bad_config_file(tmp_path: Path) -> None:
     config = tmp_path / "experiment.toml"
     config.write_text('turns = 0\nvariants = ["G"]\n[llm]\nmodel = "scripted:x.json"\n')

@@ -5,7 +5,9 @@ with `make test` and on CUDA with `make test-gpu` (the same tests, the kernels b
 
 Each test names the defence that fired, then checks that a later honest candidate in the same
 evaluator gets the same reference timing as before the hack, and that the baseline cache on disk
-is byte for byte what it was. The static check is skipped (stages from COMPILE on) unless a test
+is byte for byte what it was: a folder of baselines of this module's own, since other tests' judges
+(other pytest workers, a shared REFINERY_CACHE_DIR) write theirs meanwhile; the builds stay shared.
+The static check is skipped (stages from COMPILE on) unless a test
 says otherwise: these are the run-time defences, which must hold without it.
 """
 
@@ -49,10 +51,20 @@ def reps(device: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def config(cpu_config: EvalConfig, device: str) -> EvalConfig:
-    # Two torch threads, so that a candidate setting one is a change; the baseline cache on.
+def config(cpu_config: EvalConfig, device: str, tmp_path_factory: pytest.TempPathFactory) -> EvalConfig:
+    # Two torch threads, so that a candidate setting one is a change; the baseline cache on, in a
+    # folder no other test writes to (the builds stay in the shared cache).
+    baselines = tmp_path_factory.mktemp(f"baselines-{device}")
     return cpu_config.model_copy(
-        update={"device": device, "trials": 15, "warmup": 2, "cpu_threads": 2, "baseline_cache": True, "reverify_speedup": 1e9}
+        update={
+            "device": device,
+            "trials": 15,
+            "warmup": 2,
+            "cpu_threads": 2,
+            "baseline_cache": True,
+            "baseline_dir": baselines,
+            "reverify_speedup": 1e9,
+        }
     )
 
 
@@ -68,8 +80,9 @@ def honest_source(build: Callable[..., str], reps: int) -> str:
 
 
 def baselines_digest(config: EvalConfig) -> str:
+    assert config.baseline_root != config.cache_dir / "baselines", "a folder of this module's own"
     digest = hashlib.sha256()
-    for path in sorted((config.cache_dir / "baselines").glob("*.json")):
+    for path in sorted(config.baseline_root.glob("*.json")):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()
 

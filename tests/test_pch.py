@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernel_refinery.tools.steps import compile_cache, pch
+from kernel_refinery.tools.steps import compile_cache, compilers, pch
 
 
 def test_header_options_are_torchs_without_the_module_name() -> None:
@@ -29,7 +29,7 @@ def test_no_cuda_header_where_torch_builds_no_cuda(monkeypatch: pytest.MonkeyPat
 
 def test_gcc_takes_the_built_header(tmp_path: Path) -> None:
     """Built in a private root (about a minute): a source including torch/extension.h twice reads the .gch."""
-    gcc = pch._identify(pch.GCC_DEFAULT)
+    gcc = compilers.identify_command(compilers.GCC_DEFAULT)
     directory = pch.build(root=tmp_path, cxx=gcc)
     assert (directory / "ok").exists() and (directory / "torch" / "extension.h.gch").stat().st_size > 1e8
     assert pch._uses_header(directory, pch.header_cflags(), gcc)
@@ -44,9 +44,10 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
         seen.append((name, kwargs))
         return object()
 
-    monkeypatch.setenv("CXX", pch.GCC_DEFAULT)
+    monkeypatch.setenv("CXX", compilers.GCC_DEFAULT)
     monkeypatch.setattr(compile_cache, "_ORIGINAL_LOAD_INLINE", fake_build)
-    monkeypatch.setattr(compile_cache, "ready_header_dir", lambda cuda: tmp_path / ("pch-cuda" if cuda else "pch") if ready else None)
+    headers = {False: tmp_path / "pch", True: tmp_path / "pch-cuda"}
+    monkeypatch.setattr(compile_cache, "ready_header_dir", lambda cuda, command=None: headers[cuda] if ready else None)
     cache = compile_cache.CompileCache(tmp_path / "cache")
     cache.load_inline("k", "int f() { return 1; }", functions=["f"], extra_include_paths=["/mine"])
     cache.load_inline("k", "int f();", cuda_sources="__global__ void g() {}", functions=["f"])
@@ -58,7 +59,7 @@ def test_the_header_leaves_the_cache_key_alone(tmp_path: Path, monkeypatch: pyte
     else:
         assert "extra_include_paths" not in cuda_kwargs
     flags = {"extra_include_paths": ["/mine"], "functions": ["f"]}
-    compiler = pch._identify(pch.GCC_DEFAULT).key()
+    compiler = compilers.identify_command(compilers.GCC_DEFAULT).key()
     key = compile_cache.cache_key({"name": "k", "cpp": ["int f() { return 1; }"], "cuda": [], "flags": flags, "compiler": compiler})
     assert cpp_name == f"k_{key[:12]}"
 
@@ -75,7 +76,7 @@ def test_a_workers_build_takes_the_header_from_the_real_home(tmp_path: Path, mon
 
     root = tmp_path / "pch"
     monkeypatch.setenv("REFINERY_PCH_DIR", str(root))
-    monkeypatch.setenv("CXX", pch.GCC_DEFAULT)
+    monkeypatch.setenv("CXX", compilers.GCC_DEFAULT)
     directory = pch.header_dir(root=root)
     directory.mkdir(parents=True)
     (directory / "ok").write_text("ok\n")  # no .gch inside: GCC parses the header as usual, only the path is checked
@@ -96,12 +97,12 @@ def test_a_cuda_builds_main_cpp_takes_its_header(tmp_path: Path, monkeypatch: py
     from kernel_refinery.tools.steps import compile_cache as cc
 
     directory = pch.build(pch.PCH_FLAGS_CUDA, root=tmp_path / "pch", with_cuda=True)
-    assert pch._uses_header(directory, pch.header_cflags(pch.PCH_FLAGS_CUDA, with_cuda=True), pch.identify(cuda=True))
+    assert pch._uses_header(directory, pch.header_cflags(pch.PCH_FLAGS_CUDA, with_cuda=True), compilers.identify(cuda=True))
     assert directory != pch.header_dir(root=tmp_path / "pch"), "the CPU header is another"
     example = (Path(__file__).parents[1] / "prompts" / "examples" / "sigmoid_cuda.py").read_text()
     source = example[example.index('r"""') + 4 : example.index('"""', example.index('r"""') + 4)]
     cache = cc.CompileCache(tmp_path / "cache")
-    monkeypatch.setattr(cc, "ready_header_dir", lambda cuda: directory if cuda else None)
+    monkeypatch.setattr(cc, "ready_header_dir", lambda cuda, command=None: directory if cuda else None)
     try:
         module = cache.load_inline(
             "sig",

@@ -8,9 +8,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel_refinery.core.errors import ConfigError
 from kernel_refinery.core.numerics import Numerics, Precision
 
 Device = Literal["cpu", "cuda"]
+
+CompilerChoice = Literal["auto", "gcc", "clang"]
+COMPILER_CHOICES: tuple[CompilerChoice, ...] = ("auto", "gcc", "clang")
 
 
 class Tolerance(BaseModel):
@@ -50,6 +54,20 @@ def default_pch_dir() -> Path:
 def default_quiet() -> Literal["require", "record"]:
     """REFINERY_QUIET=record keeps timings taken beside other work (with a note), for a machine that is never idle."""
     return "record" if os.environ.get("REFINERY_QUIET") == "record" else "require"
+
+
+def default_compiler() -> CompilerChoice:
+    """EvalConfig.compiler's default: REFINERY_COMPILER where it is set, else "auto"."""
+    raw = os.environ.get("REFINERY_COMPILER", "").strip()
+    for choice in COMPILER_CHOICES:
+        if raw == choice:
+            return choice
+    if not raw:
+        return "auto"
+    raise ConfigError(
+        f"REFINERY_COMPILER={raw!r} is not a compiler choice: give gcc, clang or auto, or unset it "
+        "(the setting is eval.compiler, e.g. --set eval.compiler=clang)"
+    )
 
 
 class Guards(BaseModel):
@@ -131,8 +149,11 @@ class EvalConfig(BaseModel):
     """Time the reference against itself once per task (an A/A run, cached with the baseline): a
     speedup inside that band is marked "no difference from the reference"."""
     baseline_cache: bool = True
-    """Keep reference timings on disk (cache_dir/baselines) for new workers and later runs; a stored
+    """Keep reference timings on disk (`baseline_root`) for new workers and later runs; a stored
     one is used only after a short re-timing of the reference in the worker agrees with it."""
+    baseline_dir: Path | None = None
+    """Where the baseline cache keeps its files; None: cache_dir/baselines, beside the builds. A folder
+    of its own keeps one set of baselines apart from another's while builds stay shared."""
     remeasure_baselines: bool = False
     """Time every reference in full even when a stored baseline exists, and overwrite the file."""
     quiet: Literal["require", "record"] = Field(default_factory=lambda: default_quiet())
@@ -149,7 +170,19 @@ class EvalConfig(BaseModel):
     cpu_threads: int | None = None
     """Threads for torch and OpenMP in the worker; None: the cores given to it."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
+    compiler: CompilerChoice = Field(default_factory=default_compiler)
+    """The C++ compiler of a CPU candidate's build (tools/steps/compilers.py): "gcc" (`c++`, or CXX
+    where it names a GCC), "clang" (clang++-19 or clang++ with LLVM's OpenMP runtime, or CXX where it
+    names a clang), or "auto" (CXX where it is set, else GCC). A compiler asked for and not installed
+    is an error before any candidate runs. REFINERY_COMPILER gives the default; a CUDA build's
+    main.cpp stays with CXX/GCC, nvcc's host compiler. Each result names the compiler that built it
+    (CompileReport.compiler), and a run's manifest both."""
     guards: Guards = Field(default_factory=Guards)
+
+    @property
+    def baseline_root(self) -> Path:
+        """The baseline cache's folder: baseline_dir, else cache_dir/baselines."""
+        return self.baseline_dir if self.baseline_dir is not None else self.cache_dir / "baselines"
 
     @property
     def times_compiled_reference(self) -> bool:

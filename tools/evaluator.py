@@ -25,6 +25,7 @@ from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, TaskProgram,
 from kernel_refinery.tools.processes.worker import Judge, Worker
 from kernel_refinery.tools.results import EvalResult, Stage, StaticReport
 from kernel_refinery.tools.stages import STEPS, order, steps_in
+from kernel_refinery.tools.steps.compilers import identify
 
 log = structlog.get_logger()
 
@@ -42,6 +43,9 @@ class Evaluator:
     """Judges candidates for one device through one reusable worker."""
 
     def __init__(self, config: EvalConfig, worker: Worker | None = None, judge: Judge | None = None):
+        # The compiler asked for is on this machine (CompilerMissing, a user error, where it is not):
+        # checked here, before a runner starts, rather than failing every candidate's build.
+        identify(choice=config.compiler)
         self.config = config
         self.worker = worker or Worker(
             device=config.device,

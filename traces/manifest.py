@@ -78,6 +78,9 @@ class EvalFacts(Frozen):
     """What a speedup is measured against (EvalConfig.baseline): eager, compile or best."""
     noise_band: bool = True
     """Whether the reference was timed against itself for each task's noise band."""
+    compiler: str | None = None
+    """The C++ compiler asked for (EvalConfig.compiler: auto, gcc or clang); None in manifests written
+    before it. The one that built is software.compilers["c++ (run)"], and each result's compile.compiler."""
     seed: int
     """The first seed of inputs and weights (not compared: reverify draws fresh ones on purpose)."""
 
@@ -119,7 +122,10 @@ class RunManifest(Frozen):
         torch = f"torch {s.torch or 'absent'}" + (f" CUDA {s.cuda}" if s.cuda else "") + (f" HIP {s.hip}" if s.hip else "")
         e = self.eval
         timing = f"{e.timing} timing, speedups against {e.baseline}"
-        return f"{commit} · {device} · {torch} · {e.numerics.describe()} · {timing}"
+        built = s.compilers.get("c++ (run)")
+        # A CPU candidate's kernels are the C++ compiler's code: its speedup depends on which.
+        compiler = f" · built with {built}" if built and d.kind == "cpu" else ""
+        return f"{commit} · {device} · {torch} · {e.numerics.describe()} · {timing}{compiler}"
 
 
 class Difference(Frozen):

@@ -14,8 +14,21 @@ from kernel_refinery.core.numerics import Precision
 from kernel_refinery.tools.config import EvalConfig, Guards
 from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
 
-SERVER_FIELDS = frozenset({"device", "cache_dir", "memory_limit_gb", "cpu_threads", "tolerances", "baseline_cache", "remeasure_baselines"})
-"""EvalConfig fields a request may not set: what the workers were started with, and the server's disk caches."""
+SERVER_FIELDS = frozenset(
+    {
+        "device",
+        "cache_dir",
+        "memory_limit_gb",
+        "cpu_threads",
+        "tolerances",
+        "baseline_cache",
+        "baseline_dir",
+        "remeasure_baselines",
+        "compiler",
+    }
+)
+"""EvalConfig fields a request may not set: what the workers were started with, the server's disk caches
+and its C++ compiler."""
 
 
 class RequestSettings(BaseModel):

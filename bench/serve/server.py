@@ -51,7 +51,7 @@ class ServeOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     token: str = Field(min_length=1, description="the bearer token every request but /health must carry")
-    eval: EvalConfig = EvalConfig()
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     """The server's evaluator settings; a request may change those of RequestSettings."""
     workers: int = Field(1, ge=1, description="evaluations at once: the pool's workers")
     queue_size: int = Field(8, ge=0, description="evaluations that may wait for a worker; more are answered 429")

@@ -149,7 +149,8 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         task = import_source(job.task_source, "task", state.workdir)
     except Exception as exc:  # a broken task program is reported, whatever it raised
         raise StageFailed(EvalStatus.RUNTIME_ERROR, f"the task program {job.task_name} failed to load:\n{describe(exc)}") from exc
-    ledger = state.cache.begin(job.candidate_source)
+    # The compiler comes with the job (EvalConfig.compiler), never from this process's environment.
+    ledger = state.cache.begin(job.candidate_source, compiler=job.config.compiler)
     hits_before, misses_before = ledger.hits, ledger.misses
     started = time.perf_counter()
     try:

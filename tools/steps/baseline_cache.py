@@ -1,11 +1,12 @@
 """Reference baselines kept on disk, so that a new worker or a later run need not time the reference again.
 
-One JSON file per setting under `cache_dir/baselines`, named by a sha256 over everything that moves
-the reference's time: the device (on CPU its model, the worker's cores and torch threads), torch,
-the task's source, precision, tolerance, TF32, warm-up, trials, seed, the fresh-input guard and
-torch.compile. A file is only a proposal: the judge re-times the reference in a quiet window (`spot_calls`) and
-believes the file only when the two agree (`agrees`), so a speedup still rests on a reference seen
-in the same run; a disagreement is checked once more before the reference is timed again.
+One JSON file per setting under `EvalConfig.baseline_root` (`cache_dir/baselines` unless
+`baseline_dir` moves it), named by a sha256 over everything that moves the reference's time: the
+device (on CPU its model, the worker's cores and torch threads), torch, the task's source,
+precision, tolerance, TF32, warm-up, trials, seed, the fresh-input guard and torch.compile. A file
+is only a proposal: the judge re-times the reference in a quiet window (`spot_calls`) and believes
+the file only when the two agree (`agrees`), so a speedup still rests on a reference seen in the
+same run; a disagreement is checked once more before the reference is timed again.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def store_for(cfg: EvalConfig) -> BaselineStore | None:
     pipe, defaults are not filled in): such a run keeps timing every reference, as it did."""
     if not getattr(cfg, "baseline_cache", False):
         return None
-    return BaselineStore(cfg.cache_dir / "baselines")
+    return BaselineStore(cfg.baseline_root)
 
 
 def device_identity(device: torch.device) -> str:

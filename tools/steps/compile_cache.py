@@ -5,9 +5,10 @@ and the device architecture, so a second evaluation of the same kernel reuses th
 never calls the compiler. Each built module is wrapped so the evaluator can tell whether `forward`
 really called it.
 
-The compiler is the run's (tools/steps/pch.py: clang++ where installed, else GCC; CXX pins one): torch
-reads CXX when it writes a build, so each build runs with CXX set to it. A C++ build whose
-extra_cflags are exactly the header's gets the precompiled torch/extension.h.
+The compiler is the one the job's config asks for (EvalConfig.compiler, handed to `begin`;
+tools/steps/compilers.py finds it): torch reads CXX when it writes a build, so each build runs with
+CXX set to it. A C++ build whose extra_cflags are exactly the header's gets the precompiled
+torch/extension.h.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Any
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from kernel_refinery.tools.config import CompilerChoice
 from kernel_refinery.tools.steps import pch
+from kernel_refinery.tools.steps.compilers import Compiler, identify
 from kernel_refinery.tools.steps.pch import ready_header_dir
 
 _ORIGINAL_LOAD_INLINE = cpp_extension.load_inline
@@ -195,7 +198,7 @@ def _build_lock(build_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def with_precompiled_header(kwargs: dict[str, Any], cuda: bool, cxx: pch.Compiler | None = None) -> dict[str, Any]:
+def with_precompiled_header(kwargs: dict[str, Any], cuda: bool, cxx: Compiler | None = None) -> dict[str, Any]:
     """The precompiled torch/extension.h for this build, when it was built (tools/steps/pch.py); after the
     key is taken, since it changes how long a build takes, not what it builds.
 
@@ -203,10 +206,10 @@ def with_precompiled_header(kwargs: dict[str, Any], cuda: bool, cxx: pch.Compile
     options match and otherwise parses the header (a CUDA build's header serves its main.cpp; nvcc
     reads no precompiled header and finds the real one). Clang: `-include-pch`, only for a build
     with the header's extra_cflags (pch.clang_takes) that includes the header itself."""
-    directory = ready_header_dir(cuda)
+    cxx = cxx or identify(cuda)
+    directory = ready_header_dir(cuda, command=cxx.command)
     if directory is None:
         return kwargs
-    cxx = cxx or pch.identify(cuda)
     if not cxx.clang:
         return {**kwargs, "extra_include_paths": [str(directory), *_as_list(kwargs.get("extra_include_paths"))]}
     flags = _as_list(kwargs.get("extra_cflags"))
@@ -215,7 +218,7 @@ def with_precompiled_header(kwargs: dict[str, Any], cuda: bool, cxx: pch.Compile
     return {**kwargs, "extra_cflags": [*flags, *pch.use_flags(directory, cxx)]}
 
 
-def with_openmp_link(kwargs: dict[str, Any], cxx: pch.Compiler) -> dict[str, Any]:
+def with_openmp_link(kwargs: dict[str, Any], cxx: Compiler) -> dict[str, Any]:
     """Clang's OpenMP code calls libomp, which only a link with -fopenmp brings: GCC's calls into
     libgomp find torch's copy when the flag is left off the link, clang's would not load."""
     if not cxx.clang or "-fopenmp" not in _as_list(kwargs.get("extra_cflags")):
@@ -248,21 +251,26 @@ def _build(name: str, cpp: list[str], cuda: list[str], build_dir: Path, options:
 class CompileCache:
     """Replaces `load_inline` in the worker with a cached, counting version."""
 
-    def __init__(self, root: Path, candidate_source: str = ""):
+    def __init__(self, root: Path, candidate_source: str = "", compiler: CompilerChoice = "auto"):
         self.root = root
         self.candidate_source = candidate_source
+        self.choice: CompilerChoice = compiler
+        """The C++ compiler asked for (EvalConfig.compiler): the job's, from `begin`."""
         self.ledger = CompileLedger()
         self._ledgers: dict[str, CompileLedger] = {}
 
     @property
     def compiler(self) -> str:
-        """The C++ compiler of this run, for results (e.g. "clang++-19 19.1.7 (clang)")."""
-        return pch.identify().describe()
+        """The C++ compiler a CPU build uses, for results (e.g. "clang++-19 19.1.7 (clang)")."""
+        return identify(choice=self.choice).describe()
 
-    def begin(self, candidate_source: str) -> CompileLedger:
+    def begin(self, candidate_source: str, compiler: CompilerChoice | None = None) -> CompileLedger:
         """The ledger of this candidate source: one per source, since an imported module (and the
-        counting wrappers inside it) is reused when the same source is evaluated on another task."""
+        counting wrappers inside it) is reused when the same source is evaluated on another task.
+        `compiler`: the job's EvalConfig.compiler, which its builds use."""
         self.candidate_source = candidate_source
+        if compiler is not None:
+            self.choice = compiler
         key = hashlib.sha256(candidate_source.encode()).hexdigest()
         self.ledger = self._ledgers.setdefault(key, CompileLedger())
         return self.ledger
@@ -299,7 +307,7 @@ class CompileCache:
         cpp = _as_list(cpp_sources)
         cuda = _as_list(cuda_sources)
         flags = {k: kwargs.get(k) for k in sorted(kwargs) if k not in ("verbose", "build_directory")}
-        cxx = pch.identify(bool(cuda))
+        cxx = identify(bool(cuda), self.choice)
         self.ledger.compiler = cxx.describe()
         key = cache_key({"name": name, "cpp": cpp, "cuda": cuda, "flags": flags, "compiler": cxx.key()})
         # A unique module name per key keeps torch's in-process versioning (name_v1, ...) out of

@@ -1,9 +1,10 @@
 """A precompiled `torch/extension.h` for the C++ file of an extension, for the compiler of the run.
 
 Parsing that header is most of a one-function CPU extension's compile on a 2-core machine. Two
-compilers are served, one per run (`compiler()` picks it, the same way in every process):
+compilers are served, the one a run asks for (EvalConfig.compiler; tools/steps/compilers.py picks it
+from the job's config, the same way in every process):
 
-- **clang++** where it is installed (`clang++-19`, else `clang++`, on PATH): the header is built
+- **clang++** (`clang++-19`, else `clang++`, on PATH), with eval.compiler=clang: the header is built
   with `-fpch-instantiate-templates`, so the templates the header's own inline functions use are
   instantiated once, in the header, instead of in every build (GCC cannot do that). Clang reads a
   precompiled header only when told (`-include-pch`), and refuses with an error one built with
@@ -13,7 +14,7 @@ compilers are served, one per run (`compiler()` picks it, the same way in every 
   link torch's GNU libgomp instead, makes clang ignore every `#pragma omp` (no `_OPENMP`, one
   thread), so a clang build links libomp beside torch's libgomp (tests/test_clang.py shows both at
   work in one process with correct results).
-- **GCC** (`c++`) where clang is missing, or when `CXX` names a compiler: GCC uses
+- **GCC** (`c++`, or CXX), the default: GCC uses
   `DIR/torch/extension.h.gch` in place of the header when `DIR` comes first in the include path
   and the header's options match the extension's, and otherwise parses the header as usual.
 
@@ -22,11 +23,12 @@ is also nvcc's host compiler; it has a header of its own (CUDA's include path, t
 extra_cflags, usually none), built where CUDA is.
 
 The header is built once per machine, for the flags of the one-shot examples (which the models
-mostly copy), by `make setup` or `python -m kernel_refinery.tools.steps.pch`, under a lock, and never during an
-evaluation. Its directory's name hashes the compiler (path and `--version`), torch's version, the
+mostly copy) and for each compiler a run may ask for here (the default's, and clang's where it is
+installed), by `make setup` or `python -m kernel_refinery.tools.steps.pch`, under a lock, and never
+during an evaluation. Its directory's name hashes the compiler (path and `--version`), torch's version, the
 build's options and the header's own build options, so another compiler or other flags find no
-header and one is built for them. The compile cache's key includes the compiler (`identify()`),
-and results name it (CompileReport.compiler).
+header and one is built for them. The compile cache's key includes the compiler
+(`compilers.identify()`), and results name it (CompileReport.compiler).
 
     python -m kernel_refinery.tools.steps.pch            # build (clang: about 20 s and 0.2 GB; GCC: about 65 s and 0.8 GB)
     python -m kernel_refinery.tools.steps.pch --check    # exit 1 when it is missing
@@ -38,34 +40,26 @@ import argparse
 import fcntl
 import functools
 import hashlib
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
-from kernel_refinery.tools.config import default_pch_dir
+from kernel_refinery.core.errors import ConfigError
+from kernel_refinery.tools.config import default_compiler, default_pch_dir
+from kernel_refinery.tools.steps.compilers import CLANG_NAMES, Compiler, find_clang, identify, identify_command
 
 PCH_FLAGS = ("-O3", "-fopenmp")
 """The extra_cflags of prompts/examples/sigmoid_cpp.py: the header is valid for extensions built with these."""
 
 PCH_FLAGS_CUDA: tuple[str, ...] = ()
 """The extra_cflags of prompts/examples/sigmoid_cuda.py (none: its options go to nvcc)."""
-
-CLANG_NAMES: tuple[str, ...] = ("clang++-19", "clang++")
-"""Where clang++ is looked for on PATH, in order (Debian 12's package is clang-19); tests point it
-at a missing path to see the fallback to GCC."""
-
-GCC_DEFAULT = "c++"
-"""torch's own default when CXX is not set."""
 
 CLANG_HEADER_OPTIONS = ("-fpch-instantiate-templates",)
 """How clang builds the header: the header's templates instantiated once, in the header.
@@ -75,90 +69,9 @@ rejects a structured binding in torch's nn/modules/conv.h when compiling that ob
 _HEADER = "torch/extension.h"
 
 
-@dataclass(frozen=True)
-class Compiler:
-    """A C++ compiler: the command torch runs (CXX), its family and version."""
-
-    command: str
-    family: str
-    """"clang" or "gcc" (anything that is not clang is taken for GCC, as torch does)."""
-    version: str
-    banner: str
-    """The first line of `--version`."""
-    version_text: str = ""
-    """All of `--version`: what the header's key takes (as it did before clang)."""
-
-    @property
-    def clang(self) -> bool:
-        return self.family == "clang"
-
-    def describe(self) -> str:
-        """What results record, e.g. "clang++-19 19.1.7 (clang)"."""
-        return f"{Path(self.command).name} {self.version} ({self.family})"
-
-    def key(self) -> str:
-        """What the build cache's and the header's keys take from it: the resolved binary and its banner."""
-        return f"{os.path.realpath(shutil.which(self.command) or self.command)}\n{self.banner}"
-
-
 def example_cflags(cuda: bool) -> tuple[str, ...]:
     """The extra_cflags a header is built for: the CPU example's, or the CUDA example's."""
     return PCH_FLAGS_CUDA if cuda else PCH_FLAGS
-
-
-@functools.cache
-def _has_openmp(path: str) -> bool:
-    """Whether this clang has LLVM's OpenMP runtime to link and its omp.h (libomp-NN-dev): without
-    them every `-fopenmp` candidate would fail to build."""
-
-    def ask(flag: str) -> str:
-        return subprocess.run([path, flag], capture_output=True, text=True, check=False).stdout.strip()
-
-    library, resources = ask("-print-file-name=libomp.so"), ask("-print-resource-dir")
-    return os.path.isabs(library) and os.path.exists(library) and os.path.exists(os.path.join(resources, "include", "omp.h"))
-
-
-def find_clang() -> str | None:
-    """The first of CLANG_NAMES that is an executable on PATH (or a path to one) with its OpenMP
-    runtime, else None."""
-    for name in CLANG_NAMES:
-        path = shutil.which(name)
-        if path and _has_openmp(path):
-            return name
-    return None
-
-
-def compiler(cuda: bool = False) -> str:
-    """The C++ compiler this run builds extensions with: CXX when it is set (the user's choice; it
-    reaches workers, which keep CXX); else clang++ where installed and REFINERY_COMPILER=clang asks
-    for it; else `c++` (GCC). A CUDA build keeps CXX/`c++`, nvcc's host compiler too. Every process
-    on the machine decides the same way, so a run uses one compiler for all its candidates.
-
-    GCC is the default although clang builds in a fifth of the time: clang 19 vectorises no
-    transcendental function (GCC calls glibc's vector math, libmvec, under -ffast-math), so a
-    candidate's `tanhf` loop ran 8x slower (4.0 against 32.8 ms here; -fveclib=libmvec did not
-    help) and its speedup would say more about the compiler than about the kernel."""
-    pinned = os.environ.get("CXX")
-    if pinned or cuda:
-        return pinned or GCC_DEFAULT
-    if os.environ.get("REFINERY_COMPILER", "gcc") == "clang":
-        return find_clang() or GCC_DEFAULT
-    return GCC_DEFAULT
-
-
-@functools.cache
-def _identify(command: str) -> Compiler:
-    done = subprocess.run([command, "--version"], capture_output=True, text=True, check=False)
-    banner = (done.stdout.splitlines() or [""])[0].strip()
-    family = "clang" if "clang version" in banner else "gcc"
-    # "Debian clang version 19.1.7 (3~deb12u1)"; "c++ (Debian 12.2.0-14+deb12u1) 12.2.0"
-    found = re.search(r"clang version (\S+)", banner) if family == "clang" else re.search(r"(\d+(?:\.\d+)+)\s*$", banner)
-    return Compiler(command=command, family=family, version=found.group(1) if found else "?", banner=banner, version_text=done.stdout)
-
-
-def identify(cuda: bool = False) -> Compiler:
-    """The compiler of this run (see compiler()), with its family and version."""
-    return _identify(compiler(cuda))
 
 
 def header_cflags(extra_cflags: tuple[str, ...] = PCH_FLAGS, with_cuda: bool = False) -> list[str]:
@@ -212,15 +125,16 @@ def header_file(directory: Path, cxx: Compiler) -> Path:
 def _ready(cuda: bool, root: Path | None, command: str) -> Path | None:
     if cuda and cpp_extension.CUDA_HOME is None:
         return None
-    cxx = _identify(command)
+    cxx = identify_command(command)
     directory = header_dir(example_cflags(cuda), root, with_cuda=cuda, cxx=cxx)
     return directory if (directory / "ok").exists() else None
 
 
-def ready_header_dir(cuda: bool = False, root: Path | None = None) -> Path | None:
-    """The header directory for a CPU (or a CUDA) build's C++ file with the run's compiler, when
-    its header was built and checked; else None (asked once per process and compiler)."""
-    return _ready(cuda, root, compiler(cuda))
+def ready_header_dir(cuda: bool = False, root: Path | None = None, command: str | None = None) -> Path | None:
+    """The header directory for a CPU (or a CUDA) build's C++ file with this compiler (by default
+    the one `auto` picks), when its header was built and checked; else None (asked once per process
+    and compiler)."""
+    return _ready(cuda, root, command or identify(cuda).command)
 
 
 def forget_ready() -> None:
@@ -307,23 +221,36 @@ def flavours() -> list[bool]:
     return [False, True] if torch.version.cuda and cpp_extension.CUDA_HOME is not None else [False]
 
 
+def compilers_to_serve(cuda: bool) -> list[Compiler]:
+    """The compilers a header is built for: the default choice's (REFINERY_COMPILER, else `auto`),
+    and for C++ builds clang's too where it is installed, one setting away (eval.compiler=clang)."""
+    try:
+        served = [identify(cuda, "auto" if cuda else default_compiler())]
+    except ConfigError as exc:  # REFINERY_COMPILER names a compiler that is not here, or none
+        print(f"{exc}; the header is built for {identify(cuda).describe()}", file=sys.stderr)
+        served = [identify(cuda)]
+    clang = None if cuda else find_clang()
+    if clang is not None and all(not c.clang for c in served):
+        served.append(identify_command(clang))
+    return served
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 when a header is missing, build nothing")
     args = parser.parse_args(argv)
     missing = 0
-    for cuda in flavours():
+    for cuda, cxx in [(flavour, cxx) for flavour in flavours() for cxx in compilers_to_serve(flavour)]:
         kind = "CUDA builds' main.cpp" if cuda else "C++ builds"
-        cxx = identify(cuda)
-        if not cuda and not cxx.clang and "CXX" not in os.environ:
+        if not cuda and not cxx.clang:
             clang = find_clang()
             if clang is None:
                 print(
                     f"clang++ with OpenMP (libomp) not found ({', '.join(CLANG_NAMES)}): "
                     f"C++ builds use {cxx.describe()} and its header (only slower)"
                 )
-            elif os.environ.get("REFINERY_COMPILER") != "clang":
-                print(f"C++ builds use {cxx.describe()}, the default; REFINERY_COMPILER=clang builds with {clang} instead")
+            else:
+                print(f"C++ builds use {cxx.describe()}, the default; --set eval.compiler=clang builds with {clang} instead")
         kind = f"{kind}, {cxx.describe()}"
         flags = example_cflags(cuda)
         ready = _ready.__wrapped__(cuda, None, cxx.command)
