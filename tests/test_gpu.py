@@ -50,7 +50,7 @@ def test_correct_cuda_candidate_for_builtin_task(evaluator: Evaluator, task_name
     source = (FIXTURES / "cuda_solutions" / f"{task_name}.py").read_text()
     result = evaluator.evaluate(TaskProgram(name=task.name, source=task.source_for("cuda")), source)
     assert result.status is EvalStatus.CORRECT, result.message
-    assert result.timing is not None and result.timing.candidate.clock == "cuda-events"
+    assert result.timing is not None and result.timing.candidate.clock == "judge"
     assert result.profile is not None and result.profile.rows
     record(
         task_name,
@@ -301,7 +301,7 @@ def test_nsight_compute_metrics_for_a_cuda_candidate(evaluator: Evaluator) -> No
     assert kernel.verdict.split()[0] in ("memory-bound", "compute-bound", "latency-bound")
 
 
-@pytest.mark.parametrize(("method", "clock"), [("host", "host-wall"), ("graph", "cuda-graph")])
+@pytest.mark.parametrize(("method", "clock"), [("host", "judge"), ("graph", "judge/cuda-graph")])
 def test_each_timing_method_times_both_sides_and_records_itself(cuda_config: EvalConfig, method: str, clock: str) -> None:
     """--set eval.timing=host|graph: the reference and the candidate timed the same way, the clock
     recorded; the speedup stays near the events method's (same kernels, other clock)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -29,7 +29,7 @@ from kernel_refinery.tools.steps.timing import Timer
 RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
 
 HACKS = (FIXTURES / "clock_hacks.cpp").read_text()
-HEADER = f'''import torch
+CPU_HEADER = f'''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
@@ -41,16 +41,71 @@ ext = load_inline(
     extra_cflags=["-O2"],
 )
 '''
+CUDA_HACKS = (FIXTURES / "clock_hacks.cu").read_text()
+CUDA_HEADER = f'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
 
-SHORT_REPS = 2
-"""About half a millisecond on the relu task (256 x 1024) on a 2-core Xeon: below the old clock check's
-allowance (3 x (round trip + timer + copy) + 1 ms), which let a short kernel hide most of itself."""
-LONG_REPS = 24
-"""About six milliseconds: above it, where the old check let a kernel hide a quarter of its time."""
+ext = load_inline(
+    name="refinery_clock_hacks_cuda",
+    cpp_sources=r"""
+torch::Tensor relu_reps(torch::Tensor x, int64_t reps);
+torch::Tensor relu_hidden(torch::Tensor x, int64_t reps, double scale);
+torch::Tensor relu_loading(torch::Tensor x, int64_t reps);
+""",
+    cuda_sources=r"""
+{CUDA_HACKS}""",
+    functions=["relu_reps", "relu_hidden", "relu_loading"],
+    extra_cuda_cflags=["-O3"],
+)
+'''
+
+CLOCK_TASK = TaskProgram(
+    name="clock_relu",
+    source=textwrap.dedent(
+        """
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.relu(x)
+
+        def get_inputs():
+            return [torch.randn(128, 1024)]
+
+        def get_init_inputs():
+            return []
+        """
+    ),
+)
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def build(forward: str) -> str:
-    return candidate(forward, header=HEADER)
+@dataclass(frozen=True)
+class Kernels:
+    """The device's candidates, and the passes that make a kernel shorter or longer than the old
+    clock check's allowance (3 x (round trip + timer + copy) + 1 ms: a millisecond or two)."""
+
+    device: str
+    header: str
+    short: int
+    long: int
+    loader: str
+    """The forward of the candidate that loads the machine between its calls."""
+
+    def build(self, forward: str) -> str:
+        return candidate(forward, header=self.header)
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+def kernels(request: pytest.FixtureRequest) -> Kernels:
+    if request.param == "cpu":
+        # About 0.6 and 6 ms on a 2-core Xeon: one pass over 128 x 1024 floats is ~0.6 ms.
+        return Kernels("cpu", CPU_HEADER, short=1, long=10, loader="return ext.relu_loading(x, 1, 2)")
+    # About 0.1 and 5 ms on an H100 or H200 (each pass ~3 us).
+    return Kernels("cuda", CUDA_HEADER, short=30, long=1500, loader="return ext.relu_loading(x, 30)")
 
 
 def timing(result: EvalResult) -> TimingReport:
@@ -59,9 +114,9 @@ def timing(result: EvalResult) -> TimingReport:
 
 
 @pytest.fixture(scope="module")
-def config(cpu_config: EvalConfig, tmp_path_factory: pytest.TempPathFactory) -> EvalConfig:
+def config(cpu_config: EvalConfig, kernels: Kernels, tmp_path_factory: pytest.TempPathFactory) -> EvalConfig:
     # The builds are shared with the session; the baselines are this module's own.
-    return cpu_config.model_copy(update={"trials": 30, "warmup": 2, "cpu_threads": 1, "reverify_speedup": 1e9})
+    return cpu_config.model_copy(update={"device": kernels.device, "trials": 30, "warmup": 2, "cpu_threads": 1, "reverify_speedup": 1e9})
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +125,14 @@ def evaluator(config: EvalConfig) -> Iterator[Evaluator]:
         yield ev
 
 
-@pytest.mark.parametrize("reps", [SHORT_REPS, LONG_REPS], ids=["short", "long"])
+@pytest.mark.parametrize("length", ["short", "long"])
 @pytest.mark.parametrize("scale", [0.25, 0.80])
-def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator, relu_task: TaskProgram, reps: int, scale: float) -> None:
-    """The runner's clock function replaced from native code for the one read after each call, and
-    put back by that read: the candidate's process believes it, the verdict does not use it."""
-    honest = timing(evaluator.run(relu_task, build(f"return ext.relu_reps(x, {reps})"), RUNTIME))
-    result = evaluator.run(relu_task, build(f"return ext.relu_hidden(x, {reps}, {scale})"), RUNTIME)
+def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator, kernels: Kernels, length: str, scale: float) -> None:
+    """The runner's clock function replaced from native code for the one read after each timed call,
+    and put back by that read: the candidate's process believes it, the verdict does not use it."""
+    reps = kernels.short if length == "short" else kernels.long
+    honest = timing(evaluator.run(CLOCK_TASK, kernels.build(f"return ext.relu_reps(x, {reps})"), RUNTIME))
+    result = evaluator.run(CLOCK_TASK, kernels.build(f"return ext.relu_hidden(x, {reps}, {scale})"), RUNTIME)
     if result.status is EvalStatus.REJECTED:
         assert "ms" in result.message, result.message
         return
@@ -98,13 +154,14 @@ def fresh_evaluators(config: EvalConfig, tmp_path_factory: pytest.TempPathFactor
         yield a, b
 
 
-def test_loading_the_machine_between_calls_moves_no_time(fresh_evaluators: tuple[Evaluator, Evaluator], relu_task: TaskProgram) -> None:
-    """Native threads stream memory whenever no call of the candidate's has run for 2 ms, as while
-    the judge times the reference: the runner is stopped then, and the machine checked idle. The
-    reference it meets is its honest twin's, and so is its speedup."""
+def test_loading_the_machine_between_calls_moves_no_time(fresh_evaluators: tuple[Evaluator, Evaluator], kernels: Kernels) -> None:
+    """Native threads stream memory (on CUDA: launch kernels on a stream of their own) whenever no
+    call of the candidate's has run for 2 ms, as while the judge times the reference: the runner is
+    stopped then, and the window checked idle (on CUDA, kernels already launched are seen by NVML
+    and the window is timed again). The reference it meets is its honest twin's, and so is its speedup."""
     loading_ev, honest_ev = fresh_evaluators
-    loading = timing(loading_ev.run(relu_task, build(f"return ext.relu_loading(x, {SHORT_REPS}, 2)"), RUNTIME))
-    honest = timing(honest_ev.run(relu_task, build(f"return ext.relu_reps(x, {SHORT_REPS})"), RUNTIME))
+    loading = timing(loading_ev.run(CLOCK_TASK, kernels.build(kernels.loader), RUNTIME))
+    honest = timing(honest_ev.run(CLOCK_TASK, kernels.build(f"return ext.relu_reps(x, {kernels.short})"), RUNTIME))
     assert honest.noise_band is not None
     low, high = honest.noise_band
     ratio = loading.reference.median / honest.reference.median
@@ -116,15 +173,15 @@ def test_loading_the_machine_between_calls_moves_no_time(fresh_evaluators: tuple
     assert reference_windows and all(w.held >= 1 and w.quiet for w in reference_windows), loading.windows
 
 
-def test_the_same_kernel_ten_times_with_one_cache_reads_the_same(config: EvalConfig, relu_task: TaskProgram, tmp_path: Path) -> None:
+def test_the_same_kernel_ten_times_with_one_cache_reads_the_same(config: EvalConfig, kernels: Kernels) -> None:
     """As `refinery eval` ten times in a row: a new judge each time, the baseline from the cache,
     spot-checked in quiet. Every speedup lies within the first one's A/A band."""
-    cfg = config.model_copy(update={"cache_dir": config.cache_dir, "trials": 20})
-    source = build(f"return ext.relu_reps(x, {SHORT_REPS})")
+    cfg = config.model_copy(update={"trials": 20})
+    source = kernels.build(f"return ext.relu_reps(x, {kernels.short})")
     readings: list[TimingReport] = []
     for _ in range(10):
         with Evaluator(cfg.model_copy(update={"remeasure_baselines": not readings})) as ev:
-            readings.append(timing(ev.run(relu_task, source, RUNTIME)))
+            readings.append(timing(ev.run(CLOCK_TASK, source, RUNTIME)))
     first = readings[0]
     assert first.noise_band is not None
     low, high = first.noise_band
@@ -154,10 +211,12 @@ TINY_TASK = TaskProgram(
 )
 
 
-def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evaluator: Evaluator) -> None:
+def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evaluator: Evaluator, kernels: Kernels) -> None:
     """A ReLU of tens of microseconds: a round trip costs as much, so the judge hands over batches;
     its speedup agrees, within the A/A band, with both sides timed call by call in one process."""
-    source = build("return ext.relu_reps(x, 1)")
+    if kernels.device != "cpu":
+        pytest.skip("on CUDA: tests/test_gpu.py times a microsecond ReLU against the events method")
+    source = kernels.build("return ext.relu_reps(x, 1)")
     report = timing(evaluator.run(TINY_TASK, source, RUNTIME))
     assert report.batch_calls > 1 and report.harness_ms is not None
     namespace: dict[str, object] = {}

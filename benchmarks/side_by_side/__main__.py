@@ -31,6 +31,7 @@ from benchmarks.throughput.manifest import MANIFEST
 
 HERE = Path(__file__).resolve().parent
 KB_TASKS = MANIFEST.parent / "tasks"  # the throughput benchmark's copies, where its manifest reads them
+THROUGHPUT = MANIFEST.parent / "candidates"
 CPU_RELU = """import torch
 import torch.nn as nn
 
@@ -56,6 +57,9 @@ CASES: dict[str, list[tuple[str, Path | None, Path]]] = {
             HERE / "candidates" / "level1_1_matmul_tiled.py",
         ),
         ("level1/19_ReLU", KB_TASKS / "level1" / "19_ReLU.py", HERE / "candidates" / "level1_19_relu.py"),
+        # Kernels of a millisecond or more, where the judge's figure must agree with KernelBench's cuda_event.
+        ("level1/40_LayerNorm", KB_TASKS / "level1" / "40_LayerNorm.py", THROUGHPUT / "level1_40_layernorm_twopass.py"),
+        ("level1/42_Max_Pooling_2D", KB_TASKS / "level1" / "42_Max_Pooling_2D.py", THROUGHPUT / "level1_42_maxpool2d.py"),
     ],
     "cpu": [("relu 64x65536", None, REPO_ROOT / "tests" / "fixtures" / "cpu_solutions" / "1_relu.py")],
 }
@@ -79,7 +83,10 @@ with Evaluator(config) as ev:
     r = ev.evaluate(TaskProgram(name="task", source=Path(task).read_text()), Path(candidate).read_text())
     judge = getattr(ev, "judge", None)  # the evaluator before the split has none
     log = Path(judge.log_path).read_text() if judge is not None and judge.log_path else ""
-print("RESULT " + json.dumps({"status": r.status.value if r.status else None, "speedup": r.timing.speedup if r.timing else None,
+t = r.timing
+print("RESULT " + json.dumps({"status": r.status.value if r.status else None, "speedup": t.speedup if t else None,
+      "candidate_ms": t.candidate.median if t else None, "reference_ms": t.reference.median if t else None,
+      "noise_band": getattr(t, "noise_band", None), "batch_calls": getattr(t, "batch_calls", None),
       "message": r.message[:300], "stages": r.stage_seconds,
       "judge_log": [ln for ln in log.splitlines() if "judged" in ln or "correctness_phases" in ln],
       "timeline": [e for e in EVENTS if e.get("event") in ("template_started", "worker_started", "judge_started", "evaluated")]
@@ -97,6 +104,7 @@ r = eval_kernel_against_ref(Path(task).read_text(), Path(candidate).read_text(),
 ok = r is not None and r.correctness
 print("RESULT " + json.dumps({"status": "correct" if ok else ("compile_error" if r is None or not r.compiled else "incorrect"),
       "speedup": (r.ref_runtime / r.runtime) if ok and r.runtime > 0 else None, "message": str(r.metadata)[:300] if r else "None",
+      "candidate_ms": r.runtime if ok else None, "reference_ms": r.ref_runtime if ok else None,
       "stages": {}}))
 """
 
@@ -111,6 +119,12 @@ class Run:
     speedup: float | None
     message: str
     stages: dict[str, float]
+    candidate_ms: float | None = None
+    """Per call, median: ours the judge's clock, KernelBench's its cuda_event mean."""
+    reference_ms: float | None = None
+    noise_band: tuple[float, float] | None = None
+    """Ours: the reference's A/A band."""
+    batch_calls: int | None = None
     judge_log: tuple[str, ...] = ()
     timeline: tuple[dict[str, object], ...] = ()
     """Seconds since the evaluating process began, at each start-up and stage event (ours only)."""
@@ -125,6 +139,40 @@ def run_side(side: str, code: str, args: list[str], pythonpath: Path) -> tuple[f
     if line is None:
         return wall, {"status": "harness_error", "speedup": None, "message": (proc.stdout + proc.stderr)[-600:], "stages": {}}
     return wall, json.loads(line.removeprefix("RESULT "))
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def agreement(runs: list[Run]) -> Table:
+    """Per task, cached runs: our per-call times (the judge's clock) against KernelBench's
+    cuda_event, and whether KernelBench's speedup lies in our A/A band around ours."""
+    table = Table(title="the same kernels timed by both: ms per call (cached runs)")
+    for column in ("task", "ours ref", "ours cand", "K", "kb ref", "kb cand", "ours x", "kb x", "kb/ours", "A/A band", "agree"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    for name in dict.fromkeys(r.task for r in runs):
+        ours = next((r for r in runs if r.task == name and r.side == "ours" and r.cache == "cached"), None)
+        kb = next((r for r in runs if r.task == name and r.side == "kernelbench" and r.cache == "cached"), None)
+        if ours is None or kb is None or ours.speedup is None or kb.speedup is None:
+            continue
+        ratio = kb.speedup / ours.speedup
+        band = ours.noise_band
+        inside = "" if band is None else ("yes" if band[0] <= ratio <= band[1] else "no")
+        table.add_row(
+            name,
+            f"{ours.reference_ms:.4g}",
+            f"{ours.candidate_ms:.4g}",
+            str(ours.batch_calls),
+            f"{kb.reference_ms:.4g}",
+            f"{kb.candidate_ms:.4g}",
+            f"{ours.speedup:.3f}",
+            f"{kb.speedup:.3f}",
+            f"{ratio:.3f}",
+            "" if band is None else f"{band[0]:.3f}-{band[1]:.3f}",
+            inside,
+        )
+    return table
 
 
 def main() -> None:
@@ -167,6 +215,10 @@ def main() -> None:
                         speedup=float(speedup) if isinstance(speedup, (int, float)) else None,
                         message=str(out.get("message", "")),
                         stages=dict(stages) if isinstance(stages, dict) else {},
+                        candidate_ms=_number(out.get("candidate_ms")),
+                        reference_ms=_number(out.get("reference_ms")),
+                        noise_band=tuple(out["noise_band"]) if isinstance(out.get("noise_band"), list) else None,  # type: ignore[arg-type]  # two floats from the child's JSON
+                        batch_calls=int(_number(out.get("batch_calls")) or 0) or None,
                         judge_log=tuple(str(line) for line in out.get("judge_log") or ()),  # type: ignore[attr-defined]  # a list from the child's JSON
                         timeline=tuple(out.get("timeline") or ()),  # type: ignore[arg-type]  # a list of dicts from the child JSON
                     )
@@ -185,6 +237,7 @@ def main() -> None:
             ratios = [f"{walls['ours'] / walls[s]:.2f}" for s in sides if s != "ours" and s in walls and "ours" in walls]
             table.add_row(name, label, *(f"{walls.get(s, float('nan')):.1f}" for s in sides), *ratios)
     console.print(table)
+    console.print(agreement(runs))
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "runs": [asdict(r) for r in runs]}, indent=1))
 

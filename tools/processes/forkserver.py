@@ -54,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Self
 
@@ -400,12 +400,17 @@ class _Template:
         self.pid = os.getpid()
         self.sys_path = sys_path
         started = time.perf_counter()
+        restore = None
         try:
             for name in preload:
                 importlib.import_module(name)
+                restore = restore or _is_available_without_the_driver()
         except BaseException as exc:
             self._send(("ready", {"error": f"importing the preloads failed: {type(exc).__name__}: {exc}"}))
             raise
+        finally:
+            if restore is not None:
+                restore()
         # Libraries that started a pool at load stop it before any fork (OpenBLAS does): fork once.
         self._settle()
         threads = _thread_names()
@@ -530,6 +535,26 @@ def _read_until_eof(fd: int, timeout: float) -> bytes | None:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+
+
+def _is_available_without_the_driver() -> Callable[[], None] | None:
+    """Once torch.cuda is imported: `torch.cuda.is_available()` answers True without asking the
+    driver, until the returned function puts it back (None: torch.cuda not imported yet).
+
+    Importing torch.utils.cpp_extension (the compile cache's) asks it, only to warn when CUDA_HOME
+    exists without a GPU; on a GPU host that first question initialises the CUDA driver, which
+    starts a thread (named cuda000...) in the template, and a forked copy of a driver thread breaks
+    every child. The children ask the driver themselves, after the fork."""
+    cuda: Any = sys.modules.get("torch.cuda")
+    if cuda is None:
+        return None
+    original = cuda.is_available
+    cuda.is_available = lambda: True
+
+    def restore() -> None:
+        cuda.is_available = original
+
+    return restore
 
 
 def _thread_names() -> list[str]:

@@ -65,7 +65,7 @@ from kernel_refinery.tools.steps.aten_ops import OpRecorder, synchronize
 from kernel_refinery.tools.steps.compile_cache import CompileCache, CompileFailed, CompileLedger
 from kernel_refinery.tools.steps.kernel_share import measure_kernel_share
 from kernel_refinery.tools.steps.profiling import profile_forward
-from kernel_refinery.tools.steps.timing import Timer, TimingMethod
+from kernel_refinery.tools.steps.timing import Timer
 
 (LOAD,) = steps_in("runner")
 """The runner's one step in the table (tools/stages.py), the load that compiles the candidate: the job
@@ -267,34 +267,41 @@ def _copy_outputs(out: Any, slots: list[torch.Tensor]) -> bool:
 
 
 def _batch(state: WorkerState, request: Batch) -> BatchDone:
-    """The judge's timed hand-over: each call in turn, its outputs into its own group of slots.
+    """The judge's timed hand-over: each call in turn, the device synchronized after it (work on any
+    stream counts, as KernelBench's timing has it), its outputs into its own group of slots.
 
     The judge's clock runs from before it wrote these inputs until it has read the outputs back;
-    what this process measures of each call (`runner_ms`) is only a diagnostic."""
+    what this process measures of each call (`runner_ms`, the host's clock) is only a diagnostic."""
     assert state.loaded is not None
     model = state.models[request.model]
-    method: TimingMethod = "graph" if request.graph else "events"
-    if state.timer is None or state.timer.method != method:
-        state.timer = Timer(state.device, method, flush=False)
+    if request.graph and state.timer is None:
+        state.timer = Timer(state.device, "graph", flush=False)
     per_call = len(state.outputs) // max(1, len(request.calls))
-    before = state.loaded.ledger.kernel_calls
+    ledger = state.loaded.ledger
+    before = ledger.kernel_calls
     runner_ms: list[float] = []
     first: tuple[OutputMeta, ...] = ()
-    for k, template in enumerate(request.calls):
-        args = _args(state, template)
-        out, ms = state.timer.time_call(model, args)
-        runner_ms.append(ms)
-        problem = output_problem(out, args) if _plain_outputs(state) else ""
-        if problem:
-            return BatchDone(_metas(out), False, state.loaded.ledger.kernel_calls - before, problem, tuple(runner_ms))
-        if k == 0:
-            first = _metas(out)
-        if not _copy_outputs(out, state.outputs[k * per_call : (k + 1) * per_call]):
-            return BatchDone(_metas(out), False, state.loaded.ledger.kernel_calls - before, "", tuple(runner_ms))
-        del out, args
+    with torch.no_grad():
+        for k, template in enumerate(request.calls):
+            args = _args(state, template)
+            started = time.perf_counter_ns()
+            if state.timer is not None:
+                out, _ = state.timer.time_call(model, args)
+            else:
+                out = model(*args)
+                synchronize(state.device)
+            runner_ms.append((time.perf_counter_ns() - started) / 1e6)
+            problem = output_problem(out, args) if _plain_outputs(state) else ""
+            if problem:
+                return BatchDone(_metas(out), False, ledger.kernel_calls - before, problem, tuple(runner_ms))
+            if k == 0:
+                first = _metas(out)
+            if not _copy_outputs(out, state.outputs[k * per_call : (k + 1) * per_call]):
+                return BatchDone(_metas(out), False, ledger.kernel_calls - before, "", tuple(runner_ms))
+            del out, args
     synchronize(state.device)
     pending, state.pending_changes = state.pending_changes, ()
-    return BatchDone(first, True, state.loaded.ledger.kernel_calls - before, "", tuple(runner_ms), pending)
+    return BatchDone(first, True, ledger.kernel_calls - before, "", tuple(runner_ms), pending)
 
 
 def _serve_judge(state: WorkerState, conn: Connection) -> bool:

@@ -565,6 +565,15 @@ class JudgedTiming:
             )
         return base, harness
 
+    def probe(self, model: RemoteModel, harness: Harness) -> float:
+        """The candidate's time a call, from a few single-call hand-overs (after one unrecorded)."""
+
+        def measure() -> float:
+            walls = self.path.walls(model, 1, PROBE_CALLS // 3 + 1, first=SINGLE_CALLS_BASE - PROBE_CALLS)[1:]
+            return max(statistics.median(walls) - harness.single_ms, 0.0)
+
+        return self.in_quiet("candidate", False, measure)
+
     def candidate(self, model: RemoteModel, harness: Harness, trials: int, base: Baseline) -> Side:
         reference_s = trials * (harness.batch_ms + harness.batch * base.reference.stats.median) / 1e3
         budget = max(MIN_BUDGET_S, BUDGET_FACTOR * reference_s)
@@ -655,15 +664,13 @@ def time_candidate(
     else:
         harness = timed.harness(baselines[key].batch)
     base = baselines[key]
-    side = timed.candidate(new_model, harness, cfg.trials, base)
-    for _ in range(BATCH_ATTEMPTS - 1):
-        # A candidate far faster than the reference: its batches, sized for the reference, hold too
-        # little of its own time to tell from the harness's. Timed again with batches sized for it.
-        wanted = path.batch_for(statistics.median(side.per_call_ms), harness.single_ms)
-        if wanted < 2 * harness.batch:
-            break
+    # K was sized for the reference. A candidate far slower would make each batch last seconds, one
+    # far faster would leave too little of its own time in a batch to tell from the harness's: a
+    # few single calls tell, and the candidate gets batches sized for itself.
+    wanted = path.batch_for(timed.probe(new_model, harness), harness.single_ms)
+    if not harness.batch / 2 <= wanted <= harness.batch * 2:
         harness = timed.harness(wanted)
-        side = timed.candidate(new_model, harness, cfg.trials, base)
+    side = timed.candidate(new_model, harness, cfg.trials, base)
     total = len(side.per_call_ms) * harness.batch
     checked = check_timed_outputs(side, choose_checked(cfg, total), path, ref_model, harness.batch)
     _check_singles(side, path, ref_model)
