@@ -417,6 +417,17 @@ def test_a_clang_without_its_openmp_runtime_is_passed_over(monkeypatch: pytest.M
         compilers.compiler(choice="clang")
 
 
+def test_auto_checks_nothing_before_a_build_a_named_family_is_checked_at_once(
+    monkeypatch: pytest.MonkeyPatch, cpu_config: EvalConfig
+) -> None:
+    """`auto` (the default) is CXX or c++ as the build finds it, so an evaluator for Triton
+    candidates needs no C++ compiler; a family asked for is checked when the evaluator is made."""
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    Evaluator(cpu_config.model_copy(update={"compiler": "auto"})).close()
+    with pytest.raises(compilers.CompilerMissing, match="cannot be run"):
+        Evaluator(cpu_config.model_copy(update={"compiler": "gcc"}))
+
+
 @needs_clang
 def test_the_setting_picks_the_family_and_cxx_the_binary_within_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """eval.compiler names the family; CXX is used where it is of that family, and is all `auto` reads.

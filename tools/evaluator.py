@@ -43,9 +43,10 @@ class Evaluator:
     """Judges candidates for one device through one reusable worker."""
 
     def __init__(self, config: EvalConfig, worker: Worker | None = None, judge: Judge | None = None):
-        # The compiler asked for is on this machine (CompilerMissing, a user error, where it is not):
-        # checked here, before a runner starts, rather than failing every candidate's build.
-        identify(choice=config.compiler)
+        if config.compiler != "auto":
+            # The compiler asked for is on this machine (CompilerMissing, a user error, where it is
+            # not): checked here, before a runner starts, rather than failing every candidate's build.
+            identify(choice=config.compiler)
         self.config = config
         self.worker = worker or Worker(
             device=config.device,
