@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from pathlib import Path
@@ -53,6 +54,41 @@ def _starter() -> ThreadPoolExecutor:
     if _STARTER is None:
         _STARTER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="judge-starter")
     return _STARTER
+
+
+_SPARES: ThreadPoolExecutor | None = None
+
+
+def _spare_starter() -> ThreadPoolExecutor:
+    """Threads that start spare runners beside the evaluations."""
+    global _SPARES
+    with _STARTER_LOCK:
+        if _SPARES is None:
+            _SPARES = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spare-runner")
+        return _SPARES
+
+
+@dataclass(frozen=True)
+class _Spawned:
+    """A runner process started and not yet adopted: its pipes, folder and log."""
+
+    proc: subprocess.Popen[bytes] | ForkedChild
+    conn: Connection
+    judge_end: socket.socket
+    workdir: Path
+    log_path: Path
+    spare: bool = False
+    waited_s: float = 0.0
+    """How long the evaluation waited for the spare to be forked (its start beyond that ran beside the last candidate)."""
+
+    def discard(self) -> None:
+        sandbox.kill_tree(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        RUNNERS.remove(self.proc.pid)
+        self.conn.close()
+        self.judge_end.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class WorkerStartError(RuntimeError):
@@ -98,6 +134,9 @@ class Worker:
         self.last_start_s = 0.0
         self.pid: int | None = None
         self.use_template = os.environ.get("REFINERY_FORK_TEMPLATE", "1") != "0" and not reference
+        self.spares = os.environ.get("REFINERY_SPARE_RUNNER", "1") != "0"
+        """Start the next candidate's runner while this one's is used (REFINERY_SPARE_RUNNER=0: on demand)."""
+        self._spare: Future[_Spawned] | None = None
         """Fork runners from a warm template (tools/processes/forkserver.py); REFINERY_FORK_TEMPLATE=0 starts each one plainly."""
         self._forkserver: ForkServer | None = None
 
@@ -105,12 +144,12 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, workdir: Path | None = None) -> dict[str, str]:
         extra = {
             "PYTHONPATH": sandbox.project_pythonpath(),
-            "HOME": str(self.workdir),
+            "HOME": str(workdir),
             # Compilers' temporary files: the runner may write only under its own folder and the caches.
-            "TMPDIR": str(self.workdir),
+            "TMPDIR": str(workdir),
             # Found under the real HOME, which the worker does not see: without it no build takes the header.
             "REFINERY_PCH_DIR": str(default_pch_dir()),
             "OMP_NUM_THREADS": str(self.threads),
@@ -130,12 +169,57 @@ class Worker:
         return sandbox.scrubbed_env(**extra)
 
     def start(self, _retry: bool = False) -> None:
+        """A runner for the next candidate: the spare started while the last one ran, when it is
+        alive, else a new one; then the next spare begins in the background."""
         self.close()
+        spawned = self._take_spare() or self._spawn()
+        self.proc, self.conn, self.judge_end = spawned.proc, spawned.conn, spawned.judge_end
+        self.workdir, self.log_path, self.pid = spawned.workdir, spawned.log_path, spawned.proc.pid
+        self.starts += 1
+        started = time.monotonic()
+        steps = _ready_steps(self.conn)
+        if steps is None:
+            detail = sandbox.tail(self.log_path)
+            killed = self.proc.poll() == -signal.SIGKILL
+            self.close()
+            if killed and not _retry:
+                # Killed from outside while starting (the OOM killer, an operator, the soak): not a
+                # broken installation, so one more start before saying so.
+                log.warning("worker_killed_while_starting", pid=self.pid)
+                return self.start(_retry=True)
+            raise WorkerStartError(f"the evaluation worker did not start; its output:\n{detail}")
+        self.last_start_s = time.monotonic() - started + spawned.waited_s
+        # `steps`: the runner's own account of its start (its word only: for the log, never for a verdict).
+        seconds = round(self.last_start_s, 2)
+        log.info(
+            "worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=seconds, runner_steps=steps, spare=spawned.spare
+        )
+        if self.spares and not self.reference:
+            self._spare = _spare_starter().submit(self._spawn, True)
+
+    def _take_spare(self) -> _Spawned | None:
+        """The spare runner, once it is up; None when there is none or it died waiting."""
+        future, self._spare = self._spare, None
+        if future is None:
+            return None
+        waited = time.monotonic()
+        try:
+            spawned = future.result()
+        except Exception as exc:  # noqa: BLE001 - a spare that could not start is replaced by a plain start, which reports
+            log.warning("spare_runner_failed", error=str(exc)[:300])
+            return None
+        if spawned.proc.poll() is not None:
+            spawned.discard()
+            return None
+        return replace(spawned, waited_s=time.monotonic() - waited)
+
+    def _spawn(self, spare: bool = False) -> _Spawned:
+        """A runner process, forked from the warm template where it runs; not yet waited for."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.workdir = Path(tempfile.mkdtemp(prefix="refinery-worker-"))
-        self.log_path = self.workdir / "worker.log"
+        workdir = Path(tempfile.mkdtemp(prefix="refinery-worker-"))
+        log_path = workdir / "worker.log"
         parent_sock, child_sock = socket.socketpair()
-        self.judge_end, judge_sock = socket.socketpair()
+        judge_end, judge_sock = socket.socketpair()
         # The command line as flag and value pairs, one a line.
         # fmt: off
         cmd = [
@@ -153,42 +237,26 @@ class Worker:
         ]
         # fmt: on
         fds = (child_sock.fileno(), judge_sock.fileno())
-        env = {**self._env(), **started_at()}
+        env = {**self._env(workdir), **started_at()}
         template = self._template()
         if not self.reference:
             RUNNERS.wait_until_free(self.group)  # no runner starts while the judge times in quiet
+        proc: subprocess.Popen[bytes] | ForkedChild
         if template is not None:
             # A fork of the warm template (torch imported, no CUDA, no threads): milliseconds, not seconds.
             cmd[cmd.index("--parent-pid") + 1] = str(template.pid)
-            self.proc = template.spawn(
-                "kernel_refinery.tools.processes.worker_main", cmd[3:], cwd=self.workdir, log_path=self.log_path, env=env, pass_fds=fds
+            proc = template.spawn(
+                "kernel_refinery.tools.processes.worker_main", cmd[3:], cwd=workdir, log_path=log_path, env=env, pass_fds=fds
             )
         else:
-            self.proc = sandbox.popen_logged(cmd, self.workdir, env, self.log_path, fds)
+            proc = sandbox.popen_logged(cmd, workdir, env, log_path, fds)
         child_sock.close()
         judge_sock.close()
-        self.conn = Connection(os.dup(parent_sock.fileno()))
+        conn = Connection(os.dup(parent_sock.fileno()))
         parent_sock.close()
-        self.pid = self.proc.pid
         if not self.reference:
-            RUNNERS.add(self.pid, self.group)
-        self.starts += 1
-        started = time.monotonic()
-        steps = _ready_steps(self.conn)
-        if steps is None:
-            detail = sandbox.tail(self.log_path)
-            killed = self.proc.poll() == -signal.SIGKILL
-            self.close()
-            if killed and not _retry:
-                # Killed from outside while starting (the OOM killer, an operator, the soak): not a
-                # broken installation, so one more start before saying so.
-                log.warning("worker_killed_while_starting", pid=self.pid)
-                return self.start(_retry=True)
-            raise WorkerStartError(f"the evaluation worker did not start; its output:\n{detail}")
-        self.last_start_s = time.monotonic() - started
-        # `steps`: the runner's own account of its start (its word only: for the log, never for a verdict).
-        seconds = round(self.last_start_s, 2)
-        log.info("worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=seconds, runner_steps=steps)
+            RUNNERS.add(proc.pid, self.group)
+        return _Spawned(proc, conn, judge_end, workdir, log_path, spare)
 
     def _template(self) -> ForkServer | None:
         """The warm template this worker forks its runners from; None (plain processes) where it cannot start."""
@@ -390,8 +458,11 @@ class Worker:
         self._cleanup()
 
     def shutdown(self) -> None:
-        """End the runner and the template."""
+        """End the runner, the spare and the template."""
         self.close()
+        spare = self._take_spare()
+        if spare is not None:
+            spare.discard()
         if self._forkserver is not None:
             self._forkserver.close()
             self._forkserver = None

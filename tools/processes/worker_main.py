@@ -361,6 +361,8 @@ def _answer(state: WorkerState, request: object) -> object:
         return _call(state, request)
     if isinstance(request, Batch):
         return _batch(state, request)
+    if isinstance(request, (Profile, Share)):
+        PROFILER.wait()
     if isinstance(request, Profile):
         return Profiled(profile_forward(state.models[request.model], _args(state, request.args), state.device, rows=request.rows))
     if isinstance(request, Share):
@@ -479,6 +481,37 @@ def warm_profiler(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class ProfilerWarmUp:
+    """CUPTI's start (seconds) in a thread of its own, begun before any candidate code runs: the
+    runner says it is ready at once, and the candidate compiles meanwhile. The first step that
+    profiles (the kernel share, the profile) waits for it; a candidate that never gets there (a
+    compile error, a wrong output before the share) never waits at all."""
+
+    thread: Any = None
+    error: BaseException | None = None
+
+    def start(self, device: torch.device) -> None:
+        import threading
+
+        def run() -> None:
+            try:
+                warm_profiler(device)
+            except BaseException as exc:  # noqa: BLE001 - reported when a step needs the profiler
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, name="refinery-profiler-warm-up", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+
+PROFILER = ProfilerWarmUp()
+
+
 def isolate(workdir: Path, cache_dir: Path) -> str:
     """Before any candidate code: writes confined, capabilities dropped, settings pinned, audit hook armed."""
     writable = [workdir, cache_dir / "extensions", cache_dir / "triton", cache_dir / "inductor", default_pch_dir(), Path("/dev/shm")]
@@ -523,8 +556,7 @@ def main() -> None:
         torch.zeros(1, device=device)
         steps.mark("cuda_context")
         if not args.reference:
-            warm_profiler(device)
-            steps.mark("profiler_warm")
+            PROFILER.start(device)
     cache = CompileCache(Path(args.cache_dir))
     cache.install()
     if device.type == "cuda":
