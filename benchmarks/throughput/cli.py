@@ -145,6 +145,11 @@ def run_side_ours(selected: list[manifest.Candidate], workers: int, work_root: P
     finally:
         sampler.stop()
     say.print(f"ours: {run.wall_s:.1f} s, device lock held {run.busy_s:.1f} s ({100 * run.busy_fraction:.0f}%)")
+    starts = run.starts
+    say.print(
+        f"ours: {starts.get('runner_starts')} runner starts ({starts.get('from_spares')} from spares, "
+        f"{starts.get('runner_wait_s')} s waited in all), {starts.get('judge_starts')} judge start(s), template {starts.get('template')}"
+    )
     return {
         "count": len(work),
         "workers": run.workers,
@@ -154,6 +159,8 @@ def run_side_ours(selected: list[manifest.Candidate], workers: int, work_root: P
         "busy_fraction": run.busy_fraction,
         "timing_s": run.timing_s,
         "worker_starts": run.worker_starts,
+        "starts": run.starts,
+        "timeline": run.timeline,
         "gpu": sampler.summary(labels=("compiling", "not_compiling")),
         "settings": run.settings,
         "results": _trimmed(run.results),

@@ -9,13 +9,16 @@ wall time; an NVML sampler (gpu_sampler.py) reports what the GPU itself said mea
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from benchmarks.throughput.manifest import Work
 from kernel_refinery.core.verdict import EvalStatus
@@ -71,6 +74,52 @@ class CompileTracker:
             self.active -= 1
 
 
+START_EVENTS = ("template_started", "template_failed_plain_processes_instead", "worker_started", "judge_started", "judge_replaced")
+
+
+class StartTimeline:
+    """The evaluator's start-up events (tools/processes/worker.py logs them), seconds since the run
+    began: where a run's time goes before the stages, so that the next regression shows where it is."""
+
+    def __init__(self, origin: float) -> None:
+        self.origin = origin
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, _: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if event.get("event") in START_EVENTS:
+            kept = {k: v for k, v in event.items() if k in ("event", "pid", "seconds", "spare", "error", "reason", "reference_runner")}
+            with self._lock:
+                self.events.append({"at_s": round(time.monotonic() - self.origin, 2), **kept})
+        return event
+
+    def summary(self) -> dict[str, Any]:
+        runners = [e for e in self.events if e["event"] == "worker_started"]
+        template = "started" if any(e["event"] == "template_started" for e in self.events) else "not started"
+        failed = [e for e in self.events if e["event"] == "template_failed_plain_processes_instead"]
+        if failed:
+            template = f"failed: {str(failed[0].get('error', ''))[:200]}"
+        waits = [float(e["seconds"]) for e in runners if isinstance(e.get("seconds"), (int, float))]
+        return {
+            "runner_starts": len(runners),
+            "from_spares": sum(1 for e in runners if e.get("spare")),
+            "runner_wait_s": round(sum(waits), 2),
+            "template": template,
+            "judge_starts": sum(1 for e in self.events if e["event"] == "judge_started"),
+        }
+
+
+@contextlib.contextmanager
+def recording(timeline: StartTimeline) -> Iterator[None]:
+    """structlog's processors with `timeline` first, for the block."""
+    saved = structlog.get_config()
+    structlog.configure(processors=[timeline, *saved["processors"]])
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
 @dataclass
 class OursRun:
     wall_s: float
@@ -80,6 +129,9 @@ class OursRun:
     results: dict[str, dict[str, Any]]
     worker_starts: int
     settings: dict[str, Any] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    starts: dict[str, Any] = field(default_factory=dict)
+    """Runner starts (and how many came from spares), the template's status, judge starts."""
 
     @property
     def busy_fraction(self) -> float:
@@ -130,6 +182,22 @@ def run_ours(
     config = config or eval_config(cache_dir)
     results: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
+    timeline = StartTimeline(started)
+    with recording(timeline):
+        run = _run_pool(work, workers, config, devices, tracker, on_result, results, started)
+    return replace(run, timeline=timeline.events, starts=timeline.summary())
+
+
+def _run_pool(
+    work: list[Work],
+    workers: int,
+    config: EvalConfig,
+    devices: int | None,
+    tracker: CompileTracker,
+    on_result: Callable[[str, str, int], None] | None,
+    results: dict[str, dict[str, Any]],
+    started: float,
+) -> OursRun:
     pool = EvaluatorPool(config, workers=workers, devices=devices)
     try:
         # Every candidate at once, as KernelBench's batch has them all: the pool decides what runs.

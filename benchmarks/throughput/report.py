@@ -199,6 +199,13 @@ def render(report: dict[str, Any], console: Console) -> None:
             f"ours: device lock held {_num(ours.get('busy_s'))} s of {_num(ours.get('wall_s'))} s, "
             f"{ours.get('worker_starts', '?')} worker starts"
         )
+        starts = ours.get("starts") or {}
+        if starts:
+            notes.append(
+                f"ours: {starts.get('runner_starts')} runner starts, {starts.get('from_spares')} of them from spares, "
+                f"{starts.get('runner_wait_s')} s waited for runners; {starts.get('judge_starts')} judge start(s); "
+                f"the warm template {starts.get('template')}"
+            )
     kb = report.get("kernelbench") or {}
     if kb:
         notes.append(
