@@ -41,6 +41,10 @@ QUIET_SHARE = 0.05
 QUIET_TICKS = 2
 """And this many clock ticks (10 ms each at the usual USER_HZ): the accounts' own resolution."""
 
+GPU_QUIET_PERCENT = 5
+"""Another process's NVML sample must show at least this SM utilisation to count: a runner starting up
+(its first kernels, CUPTI's) shows a percent or two, a process that loads the GPU far more."""
+
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -241,7 +245,7 @@ class GpuSamples:
             return None
         worst: dict[int, int] = {}
         for s in samples:
-            if s.pid not in allowed and s.smUtil > 0 and s.timeStamp >= since_us:
+            if s.pid not in allowed and s.smUtil >= GPU_QUIET_PERCENT and s.timeStamp >= since_us:
                 worst[s.pid] = max(worst.get(s.pid, 0), int(s.smUtil))
         return tuple(sorted(worst.items()))
 
