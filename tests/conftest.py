@@ -135,6 +135,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     gib = item.stash.get(ESTIMATE, None)
     if gate is None or gib is None or item.get_closest_marker("skip"):
         return (yield)
+    if item.get_closest_marker("alone"):
+        # Its figures are timings that nothing else may share the machine with: it waits until
+        # every other worker is idle, and holds all the room while it runs.
+        planned = gpu_plan()
+        gib = max(gib, planned[0].capacity_gib if planned else gib)
     waited = gate.acquire(gib, item.nodeid)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

@@ -27,6 +27,7 @@ from kernel_refinery.tools.results import EvalResult, Stage, TimingReport
 from kernel_refinery.tools.steps.timing import Timer
 
 RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
+pytestmark = pytest.mark.alone
 
 HACKS = (FIXTURES / "clock_hacks.cpp").read_text()
 CPU_HEADER = f'''import torch

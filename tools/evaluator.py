@@ -22,6 +22,7 @@ from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.guards.static_check import check_candidate
 from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, TaskProgram, source_hash
+from kernel_refinery.tools.processes.quiet import machine_turn
 from kernel_refinery.tools.processes.worker import Judge, Worker
 from kernel_refinery.tools.results import EvalResult, Stage, StaticReport
 from kernel_refinery.tools.stages import STEPS, order, steps_in
@@ -109,7 +110,7 @@ class Evaluator:
             assert load is not None
             return load, ""
         judged = job.model_copy(update={"stages": device_stages})
-        with self.judge.lock:
+        with self.judge.lock, machine_turn(self.worker.group):
             reply, printed = self.worker.run_judged_with_retry(
                 self.judge, job, judged, self.config.timeout_s, self.config.compile_timeout_s
             )

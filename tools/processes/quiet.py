@@ -21,12 +21,15 @@ reference slower and the candidate look faster. Two halves:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import structlog
@@ -138,6 +141,26 @@ class RunnerRegistry:
 
 RUNNERS = RunnerRegistry()
 """This process's candidate runners (tools/processes/worker.py registers them)."""
+
+
+def lock_dir() -> Path:
+    """Where evaluator processes of this machine take turns on a device (REFINERY_LOCK_DIR moves it)."""
+    return Path(os.environ.get("REFINERY_LOCK_DIR") or Path(tempfile.gettempdir()) / "kernel-refinery-locks")
+
+
+@contextlib.contextmanager
+def machine_turn(group: str) -> Iterator[None]:
+    """This device to this process alone for a candidate's device steps: another evaluator process
+    on the machine (another run, a test worker) waits, as this process's own evaluations wait on
+    the pool's device lock. The kernel drops the lock with a process that dies."""
+    folder = lock_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{group.replace(':', '-')}.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # The judge's side: what else ran during a window.

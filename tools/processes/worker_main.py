@@ -562,6 +562,11 @@ def main() -> None:
     if device.type == "cuda":
         cache.install_triton_counter()
     workdir = Path.cwd()
+    # torch._dynamo wraps nn.Module.__init__ and __setstate__ on its first use (the profiler's
+    # warm-up thread may be that use, after the snapshot): the harness's setting, made before it.
+    from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+    install_generation_tagging_init()
     pinned = audit.snapshot()
     isolation = isolate(workdir, Path(args.cache_dir))
     steps.mark("isolate")

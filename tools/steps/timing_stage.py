@@ -148,8 +148,8 @@ def mixed_inputs(pool: list[list[Any]], rng: random.Random) -> list[Any]:
 def symmetric_band(interval: tuple[float, float] | None) -> tuple[float, float] | None:
     """The A/A ratio's interval made symmetric about 1 (as a ratio): which of two timings of the same
     program is "A" is arbitrary, so a ratio r and 1/r are the same noise. It always holds 1."""
-    if interval is None:
-        return None
+    if interval is None or not interval[0] > 0 or not math.isfinite(interval[1]):
+        return None  # a side timed at zero (the harness's cost not told apart): no band to give
     low, high = interval
     reach = max(high, 1 / low, 1.0)
     return 1 / reach, reach
@@ -174,7 +174,7 @@ HARNESS_QUANTILE = 0.25
 BATCH_TARGET = 10.0
 """A batch's calls should take this many times the harness cost of handing over one call."""
 MAX_BATCH = 256
-BATCH_BYTES = {"cpu": 256 << 20, "cuda": 2 << 30}
+BATCH_BYTES = {"cpu": 256 << 20, "cuda": 512 << 20}
 """At most this many bytes of inputs and outputs in one batch's arenas."""
 HARNESS_TRIALS = 30
 """Null-model hand-overs measured for the harness's cost, of each size."""
