@@ -192,6 +192,14 @@ MIN_SLOT_VALUES = 512
 OVERLAP_SHARE = 0.10
 """How much more a candidate may gain from batching than the reference does, as a share of its
 single-call time, beyond three standard errors of the two medians, before it is scored from single calls."""
+def batches(trials: int, batch: int) -> int:
+    """Timed batches for `trials` asked for, in batches of `batch` calls: as many as asked while a
+    batch is small; fewer, down to MIN_BATCHES, as each batch averages more calls (a batch of 100
+    calls is a steadier sample than one call, and 100 of them would be 10,000 calls)."""
+    return max(min(trials, MIN_BATCHES), min(trials, math.ceil(trials * BATCH_TARGET / batch)))
+
+
+MIN_BATCHES = 20
 MIN_TRIALS = 10
 """Timed batches a candidate gets at least, when its time budget ends its timing early."""
 BUDGET_FACTOR = 3.0
@@ -349,7 +357,7 @@ class TimedPath:
             self.hand_over(model, w * k, k)
         side = Side()
         first = self.cfg.warmup * k
-        for t in range(trials):
+        for t in range(batches(trials, k)):
             if budget_s is not None and t >= MIN_TRIALS and time.monotonic() - started > budget_s:
                 break
             wall, snapshot, runner = self.hand_over(model, first + t * k, k)
