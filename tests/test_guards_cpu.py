@@ -46,8 +46,9 @@ def test_correct_kernel_records_the_new_guards(evaluator: Evaluator, relu_task: 
     share = correctness.kernel_share
     assert share is not None and share.share > 0.9 and share.custom_ms > 0
     assert timing.fresh_inputs
-    # Eight calls drawn at random and the last one (of 10) were compared with the reference.
-    assert len(timing.checked_calls) == 9 and timing.checked_calls[-1] == timing.candidate.trials - 1
+    # Eight calls drawn at random and the last one were compared with the reference: calls are
+    # counted over the timed batches (batch_calls each).
+    assert len(timing.checked_calls) == 9 and timing.checked_calls[-1] == timing.candidate.trials * timing.batch_calls - 1
     assert timing.floor_ms is not None and 0 < timing.floor_ms < timing.candidate.median
     assert timing.reference_roofline_ms is not None and timing.reference_roofline_ms > 0
     assert timing.speedup_ci95 is not None
@@ -65,20 +66,26 @@ def test_content_memo_gains_nothing_from_fresh_inputs(cpu_config: EvalConfig, re
     with Evaluator(rotating) as ev:
         unguarded = ev.evaluate(relu_task, hacks.content_memo(candidate))
     timings = []
-    for result in (honest, guarded, unguarded):
+    for result in (honest, guarded):
         assert result.status is EvalStatus.CORRECT, result.message
         assert result.timing is not None
         timings.append(result.timing)
-    honest_t, guarded_t, unguarded_t = timings
-    assert guarded_t.fresh_inputs and not unguarded_t.fresh_inputs
-    assert (guarded_t.input_source, unguarded_t.input_source) == ("mixed", "rotating")
+    honest_t, guarded_t = timings
+    assert guarded_t.fresh_inputs and guarded_t.input_source == "mixed"
     assert guarded_t.candidate.median > 0.5 * honest_t.candidate.median, "the memo hit although every call had fresh inputs"
-    assert unguarded_t.candidate.median < 0.3 * honest_t.candidate.median, "rotating inputs should have let the memo hit"
+    # Rotating inputs let the memo hit on every call: a hit does no work, so the judge's clock sees
+    # no more than the harness's own cost and the floor refuses it, or it reads as far faster.
+    if unguarded.status is EvalStatus.REJECTED:
+        assert "below the speed-of-light floor" in unguarded.message, unguarded.message
+    else:
+        assert unguarded.status is EvalStatus.CORRECT and unguarded.timing is not None, unguarded.message
+        assert not unguarded.timing.fresh_inputs and unguarded.timing.input_source == "rotating"
+        assert unguarded.timing.candidate.median < 0.3 * honest_t.candidate.median, "rotating inputs should have let the memo hit"
 
 
 def test_pointer_memo_gains_nothing(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
-    """Guard: every timed output compared with the reference for its own inputs (all calls checked
-    here). A memo keyed by the input's address hits whenever the allocator hands the next call's
+    """Guard: timed outputs compared with the reference for their own inputs (as many calls checked
+    here as the trials asked for, over the batches' calls). A memo keyed by the input's address hits whenever the allocator hands the next call's
     input the same memory: then that call is named. glibc may never reuse the address; then the
     memo never hit, and the candidate is as slow as its honest kernel."""
     every_call = cpu_config.model_copy(update={"guards": Guards(checked_timed_calls=cpu_config.trials)})
@@ -90,7 +97,8 @@ def test_pointer_memo_gains_nothing(cpu_config: EvalConfig, relu_task: TaskProgr
         assert "second call of the same model" in memo.message or "returned a wrong output for its own inputs" in memo.message
     else:
         assert memo.status is EvalStatus.CORRECT and memo.timing is not None, memo.message
-        assert len(memo.timing.checked_calls) == cpu_config.trials
+        calls = memo.timing.candidate.trials * memo.timing.batch_calls
+        assert len(memo.timing.checked_calls) == min(cpu_config.trials, calls - 1) + 1
         assert memo.timing.candidate.median > 0.5 * honest.timing.candidate.median, "a stale memo hit went unchecked"
 
 
@@ -100,7 +108,7 @@ def test_output_reused_across_timed_calls_fails_and_names_the_call(evaluator: Ev
     call is always among those checked."""
     result = evaluator.run(relu_task, hacks.stale_after_two_calls(candidate), RUNTIME_ONLY)
     assert result.status is EvalStatus.INCORRECT, result.message
-    assert re.search(r"timed call ([2-9]|10) of 10 returned a wrong output for its own inputs", result.message), result.message
+    assert re.search(r"timed call \d+ of \d+ returned a wrong output for its own inputs", result.message), result.message
     assert result.correctness is not None and result.correctness.passed
 
 
