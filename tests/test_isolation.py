@@ -428,7 +428,7 @@ def test_a_kernel_first_timed_below_the_floor_is_scored_from_its_retiming(
     def first_below(self: timing_stage.TimedPath, *args: object, **kwargs: object) -> timing_stage.Side:
         side = real(self, *args, **kwargs)  # type: ignore[arg-type]  # passed through as the stage called it
         if kwargs.get("keep"):
-            if not sides:
+            if "budget_s" in kwargs:  # the candidate's timing (each window of it), not the re-timing
                 side.per_call_ms = [ms * 1e-6 for ms in side.per_call_ms]
             sides.append(side)
         return side
@@ -454,9 +454,9 @@ def test_a_kernel_first_timed_below_the_floor_is_scored_from_its_retiming(
     assert reply.failure is None, reply.message
     timing = reply.timing
     assert timing is not None and timing.floor_retimed
-    assert len(sides) == 2
-    assert timing.candidate.trials == len(sides[1].per_call_ms) <= min(cfg.trials, 20)
-    assert timing.candidate.median == pytest.approx(statistics.median(sides[1].per_call_ms))
+    assert len(sides) >= 2
+    assert timing.candidate.trials == len(sides[-1].per_call_ms) <= min(cfg.trials, 20)
+    assert timing.candidate.median == pytest.approx(statistics.median(sides[-1].per_call_ms))
     assert timing.floor_ms is not None and timing.candidate.median >= timing.floor_ms
     assert len(timing.checked_calls) == timing.candidate.trials * timing.batch_calls, "every output of the re-timing was checked"
 
