@@ -140,8 +140,10 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
     hidden = timing(result)
     assert hidden.timed_by == "judge"
     assert hidden.runner_reported_ms is not None and honest.runner_reported_ms is not None
-    # The hack was real: its own process saw the shortened times.
-    assert hidden.runner_reported_ms < (scale + 0.1) * honest.runner_reported_ms, (hidden.runner_reported_ms, honest.runner_reported_ms)
+    if scale < 0.5:
+        # The hack was real: its own process saw the shortened times (on CUDA the shortened span
+        # starts inside forward, after the launch overhead, so less than the full quarter shows).
+        assert hidden.runner_reported_ms < 0.75 * honest.runner_reported_ms, (hidden.runner_reported_ms, honest.runner_reported_ms)
     assert hidden.speedup == pytest.approx(honest.speedup, rel=0.10), (
         f"shortened {hidden.candidate.median:.4g} ms against honest {honest.candidate.median:.4g} ms"
     )
