@@ -85,8 +85,8 @@ def test_content_memo_gains_nothing_from_fresh_inputs(cpu_config: EvalConfig, re
 
 def test_pointer_memo_gains_nothing(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
     """Guard: timed outputs compared with the reference for their own inputs (as many calls checked
-    here as the trials asked for, over the batches' calls). A memo keyed by the input's address hits whenever the allocator hands the next call's
-    input the same memory: then that call is named. glibc may never reuse the address; then the
+    here as the trials asked for, over the batches' calls). A memo keyed by the input's address hits
+    whenever the allocator hands the next call's input the same memory: then that call is named. glibc may never reuse the address; then the
     memo never hit, and the candidate is as slow as its honest kernel."""
     every_call = cpu_config.model_copy(update={"guards": Guards(checked_timed_calls=cpu_config.trials)})
     with Evaluator(every_call) as ev:
