@@ -192,6 +192,8 @@ MIN_SLOT_VALUES = 512
 OVERLAP_SHARE = 0.10
 """How much more a candidate may gain from batching than the reference does, as a share of its
 single-call time, beyond three standard errors of the two medians, before it is scored from single calls."""
+
+
 def batches(trials: int, batch: int) -> int:
     """Timed batches for `trials` asked for, in batches of `batch` calls: as many as asked while a
     batch is small; fewer, down to MIN_BATCHES, as each batch averages more calls (a batch of 100
