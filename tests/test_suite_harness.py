@@ -94,10 +94,14 @@ def test_the_plan_runs_8_workers_on_either_card_and_skips_what_an_h100_cannot_ho
     assert h100.workers == h200.workers == 8
     assert h100.usable_gib < H100.free_gib and h100.capacity_gib == pytest.approx(h100.usable_gib - 8 * RESIDENT_GIB)
     skipped = {key for key, (gib, _) in gpu_memory.PEAKS.items() if too_large(gib, h100, H100.describe())}
-    assert skipped == {
-        "tests/test_gpu.py::test_each_timing_method_times_both_sides_and_records_itself[graph-cuda-graph]",
+    # The built-in tasks at their CUDA sizes (4 GiB a set) in fp32: judge, runner and the judge's
+    # reference runner together need more than an H100 leaves one test beside 8 workers.
+    assert {
+        "tests/test_gpu.py::test_each_timing_method_times_both_sides_and_records_itself[graph-judge/cuda-graph]",
         "tests/test_gpu.py::test_a_forward_that_cannot_be_captured_is_told_to_use_events",
-    }
+        "tests/test_gpu.py::test_correct_cuda_candidate_for_builtin_task[1_relu]",
+    } <= skipped
+    assert all(key.startswith("tests/test_gpu.py::") and "4_softmax" not in key and "bf16" not in key for key in skipped), skipped
     assert not [key for key, (gib, _) in gpu_memory.PEAKS.items() if too_large(gib, h200)]
     why = too_large(71.8, h100, H100.describe())
     assert why is not None and "71.8 GiB" in why and "NVIDIA H100 80GB HBM3" in why and "larger card" in why
@@ -118,7 +122,7 @@ def test_the_plan_line_reads_into_the_suites_variables(tmp_path: Path) -> None:
     card, workers, usable, capacity, large = done.stdout.split("|")
     assert card == H100.describe() and workers == "8" and float(usable) == plan(H100).usable_gib
     assert float(capacity) == pytest.approx(plan(H100).capacity_gib, abs=0.05)
-    assert "graph-cuda-graph" in large and "1_relu" not in large
+    assert "graph-judge/cuda-graph" in large and "bf16_run_of_a_builtin_task[1_relu]" not in large
 
 
 # The gate.
