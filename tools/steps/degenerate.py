@@ -1,0 +1,139 @@
+"""Does a task measure anything? A reference whose outputs, on several random inputs, are all zeros,
+one constant, or the same on every input within the tolerance is degenerate: a kernel that writes
+that constant (or what it saw once) passes its correctness check without computing the operator.
+
+KernelBench has such tasks (a max over a dimension kept at size 1 and then its mean subtracted
+gives zeros; a softmax over a dimension of size 1 gives ones). The correctness check refuses a
+constant output where the reference varies; it cannot help where the reference itself does not.
+`refinery suite check` (bench/suite_check/child.py) and the judge (tools/steps/correctness.py)
+both run one reference on `PROBE_INPUTS` input sets and judge the outputs here, with the same
+tolerance a candidate is held to: each criterion is "a candidate this trivial would pass".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from kernel_refinery.tools.processes.programs import tensors_of
+
+PROBE_INPUTS = 4
+"""Input sets a reference is run on to judge whether its outputs vary."""
+
+Kind = Literal["zeros", "constant", "input_independent"]
+
+KIND_TEXT: dict[str, str] = {
+    "zeros": "all zeros",
+    "constant": "one constant",
+    "input_independent": "the same on every input",
+}
+
+
+@dataclass(frozen=True)
+class Degenerate:
+    kind: Kind
+    detail: str
+    """One line: what the outputs were, e.g. `every output is 0 on 4 random inputs`."""
+
+    def describe(self) -> str:
+        return f"{KIND_TEXT[self.kind]}: {self.detail}"
+
+
+def _within(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> bool:
+    """`actual` passes an elementwise check against `expected` (NaN matching NaN)."""
+    if not expected.is_floating_point() and not expected.is_complex():
+        return bool(torch.equal(actual, expected))
+    a, e = actual.double(), expected.double()
+    close = (a - e).abs() <= atol + rtol * e.abs()
+    return bool((close | (a.isnan() & e.isnan()) | (a == e)).all())
+
+
+def _constant_value(t: torch.Tensor, atol: float, rtol: float) -> float | None:
+    """A value c that every element of t is within tolerance of (c passes as the output), else None."""
+    if t.numel() == 0:
+        return None
+    if not t.is_floating_point():
+        first = t.flatten()[0]
+        return float(first) if bool((t == first).all()) else None
+    if not bool(torch.isfinite(t).all()):
+        return None
+    low, high = torch.aminmax(t.double())
+    middle = (float(low) + float(high)) / 2
+    return middle if _within(_filled(t, middle), t, atol, rtol) else None
+
+
+def _filled(like: torch.Tensor, value: float) -> torch.Tensor:
+    """`like`'s shape, every element `value` (in float64 where `like` is floating, to judge it exactly)."""
+    if like.is_floating_point():
+        return torch.full(like.shape, value, dtype=torch.float64, device=like.device)
+    return torch.full_like(like, int(value))
+
+
+class SpreadProbe:
+    """Outputs of one model on input set after input set, reduced as they come: only the first
+    set's outputs are kept (to compare the later ones with)."""
+
+    def __init__(self, atol: float, rtol: float):
+        self.atol, self.rtol = atol, rtol
+        self.first: list[torch.Tensor] | None = None
+        self.sets = 0
+        self.all_zero = True
+        self.constants: list[float | None] = []
+        self.same = True
+        self.max_change = 0.0
+
+    def add(self, outputs: Sequence[torch.Tensor]) -> None:
+        outputs = [o.detach() for o in outputs]
+        self.sets += 1
+        self.all_zero = self.all_zero and all(bool((o == 0).all()) for o in outputs)
+        if self.first is None:
+            self.first = outputs
+            # A one-element output (a loss) is constant by itself: only larger ones can show it.
+            self.constants = [_constant_value(o, self.atol, self.rtol) for o in outputs if o.numel() > 1]
+            return
+        if len(outputs) != len(self.first) or any(o.shape != f.shape for o, f in zip(outputs, self.first, strict=True)):
+            self.same = False
+            self.constants = [None]
+            return
+        larger = [o for o in outputs if o.numel() > 1]
+        # The same constant on this set too: a kernel writing that literal would pass here as well.
+        self.constants = [
+            c if c is not None and _within(_filled(o, c), o, self.atol, self.rtol) else None
+            for c, o in zip(self.constants, larger, strict=True)
+        ]
+        for now, first in zip(outputs, self.first, strict=True):
+            if first.is_floating_point() and first.numel():
+                change = (now.double() - first.double()).abs().nan_to_num(nan=0.0).max()
+                self.max_change = max(self.max_change, float(change))
+            # The first set's outputs, written as the answer to this set: would they pass?
+            if not _within(first, now, self.atol, self.rtol):
+                self.same = False
+
+    def verdict(self) -> Degenerate | None:
+        if self.first is None or self.sets < 2:
+            return None
+        where = f"on {self.sets} random inputs"
+        if self.all_zero:
+            return Degenerate("zeros", f"every output value is 0 {where}")
+        if self.constants and all(c is not None for c in self.constants):
+            shown = ", ".join(f"{c:.4g}" for c in self.constants if c is not None)
+            return Degenerate("constant", f"each output is the one value {shown} (within atol={self.atol:g}, rtol={self.rtol:g}) {where}")
+        if self.same:
+            return Degenerate(
+                "input_independent",
+                f"the outputs of the first input set pass as those of every other {where} "
+                f"(largest change {self.max_change:.3g}, within atol={self.atol:g}, rtol={self.rtol:g})",
+            )
+        return None
+
+
+def probe(model: Callable[..., Any], input_sets: Iterable[Sequence[Any]], atol: float, rtol: float) -> Degenerate | None:
+    """Call `model` on each input set (drawn lazily, one alive at a time) and judge its outputs."""
+    spread = SpreadProbe(atol, rtol)
+    with torch.no_grad():
+        for inputs in input_sets:
+            spread.add(tensors_of(model(*inputs)))
+    return spread.verdict()
