@@ -147,6 +147,9 @@ class Build:
     """Construct ModelNew from the init inputs of `seed`, with the reference's weights; reply Built."""
 
     seed: int
+    overrides: tuple[tuple[str, Any], ...] = ()
+    """The task's module-level constants set to other values first (a shape or init variant,
+    tools/steps/task_constants.py): the runner builds from the task with these."""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,10 @@ class RunnerGone(Exception):
     """The candidate's process closed its end (it died, or the parent killed it)."""
 
 
+class NoKernel(Rejected):
+    """A call ran none of the candidate's compiled kernels (on a shape variant: a PyTorch fallback)."""
+
+
 def _state_rejection(changes: Sequence[str], when: str) -> Rejected:
     return Rejected(
         f"{when}, the candidate changed settings the evaluation pins: {'; '.join(changes)}; "
@@ -79,8 +83,8 @@ class RunnerLink:
             raise StageFailed(EvalStatus(reply.status), reply.message, fatal=reply.fatal)
         return reply
 
-    def build(self, seed: int) -> RemoteModel:
-        reply = self.request(Build(seed))
+    def build(self, seed: int, overrides: tuple[tuple[str, Any], ...] = ()) -> RemoteModel:
+        reply = self.request(Build(seed, overrides))
         assert isinstance(reply, Built)
         if reply.state_changes:
             raise _state_rejection(reply.state_changes, "in ModelNew's constructor")
@@ -200,7 +204,7 @@ class RemoteModel:
         if reply.problem:
             raise Rejected(reply.problem)
         if reply.kernel_calls == 0:
-            raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
+            raise NoKernel("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
         mismatch = "" if reply.copied else (_mismatch(reply.outputs, expected) or "its outputs could not be read")
         return RemoteCall(reply, mismatch, wall_ms), (arena.tensors if reply.copied else [])
 
