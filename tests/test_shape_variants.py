@@ -3,6 +3,7 @@ Evaluator, on tasks whose sizes come from module-level constants; and the pieces
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,13 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 from candidates import FIXTURES, task_source
+from rich.console import Console
 
-from kernel_refinery.agent.config import Variant
+from kernel_refinery.agent.chat.scripted import ScriptedChatModel
+from kernel_refinery.agent.config import ModelSettings, Variant
 from kernel_refinery.agent.prompting import evaluation_feedback
+from kernel_refinery.bench.experiment import ExperimentConfig, run_experiment
+from kernel_refinery.bench.report import report
 from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.evaluator import Evaluator
 from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.processes.pool import EvaluatorPool
 from kernel_refinery.tools.processes.programs import Program, import_source
 from kernel_refinery.tools.results import EvalResult, ShapeVariantsReport, Stage
 from kernel_refinery.tools.steps.degenerate import SpreadProbe
@@ -24,7 +30,7 @@ from kernel_refinery.tools.steps.shape_variants import derive, repair
 from kernel_refinery.tools.steps.task_constants import literal_constants, with_constants
 
 KERNELS = (FIXTURES / "shape_kernels.cpp").read_text()
-FUNCTIONS = ["softmax_rows", "softmax_rows_1024", "softmax_rows_by8", "group_sum"]
+FUNCTIONS = ["softmax_rows", "softmax_rows_1024", "softmax_rows_by8", "group_sum", "zeros_column"]
 UP_TO_CORRECTNESS = (Stage.STATIC, Stage.COMPILE, Stage.CORRECTNESS)
 
 
@@ -139,6 +145,61 @@ def test_off_runs_no_variant_and_no_probe(cpu_config: EvalConfig, row_softmax: T
         result = ev.run(row_softmax, shape_candidate("ext.softmax_rows_1024(x)"), UP_TO_CORRECTNESS)
     assert result.status is EvalStatus.CORRECT
     assert result.correctness is not None and result.correctness.shapes is None and result.correctness.degenerate is None
+
+
+def test_a_scripted_experiment_shows_the_general_share_and_marks_a_degenerate_task(cache_dir: Path, tmp_path: Path) -> None:
+    """Three tasks, one turn each: a kernel specialised to its task's columns, a generic one, and a
+    column of zeros for a task whose reference gives nothing else. All three are correct."""
+    level = tmp_path / "suite" / "level1"
+    level.mkdir(parents=True)
+    for name, fixture in (("1_row_softmax", "row_softmax_task"), ("2_group_sum", "group_sum_task"), ("3_max_minus_mean", "constant_task")):
+        (level / f"{name}.py").write_text(task_source(fixture))
+
+    def reply(code: str) -> str:
+        return f"Here is my kernel.\n\n```python\n{code}```\n"
+
+    model = ScriptedChatModel(
+        responses=[],
+        by_task={
+            "1_row_softmax": [reply(shape_candidate("ext.softmax_rows_1024(x)"))],
+            "2_group_sum": [reply(shape_candidate("ext.group_sum(x, self.groups)", init_args=", groups", init="self.groups = groups"))],
+            "3_max_minus_mean": [reply(shape_candidate("ext.zeros_column(x)", init_args=", in_features, out_features"))],
+        },
+    )
+    config = ExperimentConfig(
+        suite=str(level.parent),
+        levels=[1],
+        variants=["G+E"],
+        loop={"turns": 1, "target_speedup": 1e9, "hardware_prompt": False},
+        llm=ModelSettings(model="scripted:x"),
+        eval=EvalConfig(trials=5, warmup=1, correctness_trials=2, time_compiled_reference=False, cache_dir=cache_dir),
+        workers=1,
+        concurrency=1,
+    )
+    run_dir = tmp_path / "run"
+    with EvaluatorPool(config.eval, workers=1) as pool:
+        records = {r.task: r for r in run_experiment(config, run_dir, model, pool)}
+    assert {t: (r.best_status, r.best_general) for t, r in records.items()} == {
+        "level1/1_row_softmax": ("correct", False),
+        "level1/2_group_sum": ("correct", True),
+        "level1/3_max_minus_mean": ("correct", True),
+    }
+    assert records["level1/3_max_minus_mean"].degenerate == "all zeros: every output value is 0 on 4 random inputs"
+    assert records["level1/1_row_softmax"].degenerate == ""
+
+    console = Console(width=80, record=True, color_system=None)
+    (group,) = report(run_dir, console=console, plots=False)
+    assert group.correct == 1.0 and group.general == pytest.approx(2 / 3)
+    assert group.degenerate_tasks == ["level1/3_max_minus_mean"]
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "fast_0" in line)
+    assert header.split() == ["level", "variant", "tasks", "fast_0", "fast_1", "fast_2", "correct", "general", "geomean", "tokens"]
+    row = next(line for line in text.splitlines() if line.startswith("1 ") and "G+E" in line).split()
+    assert row[2:3] == ["3"] and row[6:8] == ["100%", "67%"], row
+    assert "*: degenerate tasks" in text and "level1/3_max_minus_mean" in text
+    saved = json.loads((run_dir / "report.json").read_text())["groups"][0]
+    assert saved["general"] == pytest.approx(2 / 3) and saved["correct"] == 1.0
+    assert saved["degenerate_tasks"] == ["level1/3_max_minus_mean"]
 
 
 # --- the pieces, in this process ------------------------------------------------------------------
