@@ -90,8 +90,8 @@ def test_a_kernel_hard_coding_the_column_count_passes_its_shapes_and_fails_a_var
     assert [v.status for v in shapes.variants[1:]] == ["not_run"] * (len(shapes.variants) - 1)
 
     # "require": the same kernel is incorrect, the variant and its diff named, in G+E's feedback too.
-    with evaluator.with_config(evaluator.config.model_copy(update={"shapes": "require"})) as strict:
-        required = strict.run(row_softmax, fixed, UP_TO_CORRECTNESS)
+    strict = evaluator.with_config(evaluator.config.model_copy(update={"shapes": "require"}))  # a view: closed with the original
+    required = strict.run(row_softmax, fixed, UP_TO_CORRECTNESS)
     assert required.status is EvalStatus.INCORRECT
     assert "shape variant larger (dim=1153)" in required.message and "its own: dim=1024" in required.message
     assert "values outside atol" in required.message
