@@ -71,7 +71,7 @@ def test_an_episode_gives_each_channel_the_hack_penalty_and_the_loops_feedback(
 
     wrong = episode.step(WRONG)
     assert wrong.verdict is Verdict.INCORRECT and wrong.turn == 2
-    assert wrong.channels == RewardChannels(compiled=True, correct=False, speedup=None, hack=False)
+    assert wrong.channels == RewardChannels(compiled=True, correct=False, speedup=None, hack=False, general=False)
     assert wrong.reward == pytest.approx(0.1)
     assert "trial" in wrong.feedback and wrong.feedback in episode.observation[-1].content
     assert "ext.leaky_wrong(x)" in episode.observation[-1].content, "the next prompt shows the previous code"
@@ -82,7 +82,7 @@ def test_an_episode_gives_each_channel_the_hack_penalty_and_the_loops_feedback(
     assert fixed.channels.compiled and fixed.channels.correct and not fixed.channels.hack and speedup is not None and speedup > 0
     assert fixed.reward == pytest.approx(0.1 + 1.0 + 0.5 * math.log2(speedup))
     # A generic ReLU passes the task's shape variants: its own channel, weighed 0 unless a trainer asks.
-    assert fixed.channels.general is True and hack.channels.general is None and wrong.channels.general is None
+    assert fixed.channels.general is True and hack.channels.general is None and wrong.channels.general is False
     assert RewardWeights(general=0.5).combine(fixed.channels) == pytest.approx(fixed.reward + 0.5)
     assert episode.observation == ()
     with pytest.raises(EpisodeError, match="has ended"):

@@ -25,7 +25,7 @@ from kernel_refinery.tools.processes.jobs import TaskProgram
 from kernel_refinery.tools.processes.pool import EvaluatorPool
 from kernel_refinery.tools.processes.programs import Program, import_source
 from kernel_refinery.tools.results import EvalResult, ShapeVariantsReport, Stage
-from kernel_refinery.tools.steps.degenerate import SpreadProbe
+from kernel_refinery.tools.steps.degenerate import Degenerate, SpreadProbe, combine
 from kernel_refinery.tools.steps.shape_variants import derive, repair
 from kernel_refinery.tools.steps.task_constants import literal_constants, with_constants
 
@@ -34,7 +34,7 @@ FUNCTIONS = ["softmax_rows", "softmax_rows_1024", "softmax_rows_by8", "group_sum
 UP_TO_CORRECTNESS = (Stage.STATIC, Stage.COMPILE, Stage.CORRECTNESS)
 
 
-def shape_candidate(forward: str, init_args: str = "", init: str = "pass") -> str:
+def shape_candidate(forward: str, init_args: str = "", init: str = "pass", methods: str = "") -> str:
     """A candidate whose ModelNew(init_args).forward(x) returns `forward`, on the shape kernels."""
     return f'''import torch
 import torch.nn as nn
@@ -53,7 +53,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return {forward}
-'''
+{textwrap.indent(textwrap.dedent(methods), " " * 4)}'''
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +120,28 @@ def test_an_honest_generic_kernel_passes_every_variant(evaluator: Evaluator, row
     assert result.correctness.degenerate == "", "softmax of random rows varies"
 
 
+def test_a_kernel_refusing_other_sizes_crashed_and_a_pytorch_fallback_is_named(evaluator: Evaluator, row_softmax: TaskProgram) -> None:
+    refuse = """
+        def checked(self, x):
+            if x.shape[1] != 1024:
+                raise ValueError("this kernel takes rows of 1024 columns")
+            return ext.softmax_rows_1024(x)
+    """
+    result = evaluator.run(row_softmax, shape_candidate("self.checked(x)", methods=refuse), UP_TO_CORRECTNESS)
+    failure = shapes_of(result).failure
+    assert result.status is EvalStatus.CORRECT and failure is not None, result.message
+    assert failure.status == "crashed" and "ValueError: this kernel takes rows of 1024 columns" in failure.reason, failure
+
+    fallback = shape_candidate("ext.softmax_rows_1024(x) if x.shape[1] == 1024 else x.softmax(dim=1)")
+    result = evaluator.run(row_softmax, fallback, UP_TO_CORRECTNESS)
+    failure = shapes_of(result).failure
+    assert result.status is EvalStatus.CORRECT and failure is not None, result.message
+    assert failure.status == "fallback" and "PyTorch fallback" in failure.reason, failure
+    strict = evaluator.with_config(evaluator.config.model_copy(update={"shapes": "require"}))
+    required = strict.run(row_softmax, fallback, UP_TO_CORRECTNESS)
+    assert required.status is EvalStatus.REJECTED and "shape variant larger (dim=1153)" in required.message
+
+
 def test_sizes_that_must_divide_each_other_get_only_valid_variants(evaluator: Evaluator) -> None:
     task = TaskProgram(name="group_sum", source=task_source("group_sum_task"))
     honest = shape_candidate("ext.group_sum(x, self.groups)", init_args=", groups", init="self.groups = groups")
@@ -184,7 +206,8 @@ def test_a_scripted_experiment_shows_the_general_share_and_marks_a_degenerate_ta
         "level1/2_group_sum": ("correct", True),
         "level1/3_max_minus_mean": ("correct", True),
     }
-    assert records["level1/3_max_minus_mean"].degenerate == "all zeros: every output value is 0 on 4 random inputs"
+    degenerate = records["level1/3_max_minus_mean"].degenerate
+    assert degenerate is not None and degenerate.startswith("all zeros: every output value is 0 on 2 random inputs, for each of 2 trials")
     assert records["level1/1_row_softmax"].degenerate == ""
 
     console = Console(width=80, record=True, color_system=None)
@@ -268,3 +291,7 @@ def test_degenerate_outputs_are_named() -> None:
     assert verdict(torch.relu) is None
     assert verdict(lambda x: x.sum()) is None, "a loss is one value, but not the same one"
     assert verdict(lambda x: x.mean(dim=1, keepdim=True).expand(8, 16)) is None, "constant per input, not across inputs"
+    # Several models (the trials' fresh weights): degenerate only if each is, of the weakest kind shown.
+    zeros, constant = Degenerate("zeros", "z"), Degenerate("constant", "c")
+    assert combine([zeros, constant], "trials") == Degenerate("constant", "c, for each of 2 trials")
+    assert combine([zeros, None], "trials") is None and combine([], "trials") is None

@@ -146,6 +146,9 @@ class ShapeVariantsReport(Frozen):
     """The candidate on other values of the task's constants, after the trials on its own passed (EvalConfig.shapes)."""
 
     mode: Literal["report", "require"]
+    reached: bool = True
+    """False where the candidate failed before the variants (its trials, distributions or kernel
+    share): none ran, and it is not general."""
     constants: dict[str, int | float | tuple[int, ...]] = Field(default_factory=dict)
     """The task's own values of the constants the variants change."""
     variants: tuple[ShapeVariant, ...] = ()
@@ -158,14 +161,16 @@ class ShapeVariantsReport(Frozen):
     @property
     def general(self) -> bool:
         """No variant the reference allows failed: the kernel is not specialised to the task's values
-        (true also where no variant applies: nothing shows otherwise)."""
-        return self.failure is None
+        (true also where no variant applies: nothing shows otherwise). False where they were not reached."""
+        return self.reached and self.failure is None
 
     @property
     def passed(self) -> int:
         return sum(v.status == "passed" for v in self.variants)
 
     def summary(self) -> str:
+        if not self.reached:
+            return "shape and init variants not reached"
         failure = self.failure
         if failure is not None:
             return f"failed {failure.label()}: {failure.reason}"
@@ -194,9 +199,10 @@ class CorrectnessReport(Frozen):
     """Shape and init variants, tried after everything above passed (EvalConfig.shapes); None when
     off or not reached."""
     degenerate: str | None = None
-    """Whether the reference measures anything: why its outputs on a few random inputs are all zeros,
-    one constant, or the same on every input within the tolerance (tools/steps/degenerate.py); "" when
-    they vary; None when not probed (EvalConfig.shapes "off", or results from before it)."""
+    """Whether the reference measures anything: why its outputs in the trials (two input sets per
+    model) are all zeros, one constant, or the same on every input within the tolerance
+    (tools/steps/degenerate.py); "" when they vary; None when not judged (EvalConfig.shapes "off",
+    no trial got to its second call, or results from before it)."""
 
     def summary(self) -> str:
         if self.passed:

@@ -116,8 +116,8 @@ def _general(correct: Attempted | None, attempts: Sequence[Attempted]) -> bool |
         shapes = correct.result.correctness.shapes
         if shapes is not None:
             return shapes.general
-    # The probe runs whenever the variants are on, before the trials: it tells that they were.
-    return False if correct is None and any(c.degenerate is not None for c in checks) else None
+    # A check that failed before its variants says they were on (CorrectnessReport.shapes.reached).
+    return False if correct is None and any(c.shapes is not None for c in checks) else None
 
 
 def _degenerate(attempts: Sequence[Attempted]) -> str | None:

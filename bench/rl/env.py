@@ -61,9 +61,9 @@ class RewardChannels(Frozen):
     """A guard rejected the candidate (EvalStatus.REJECTED: the static check or a timing guard)."""
     general: bool | None = None
     """Correct, and correct on every shape and init variant of the task's constants that applies
-    (CorrectnessReport.shapes): not specialised to the task's sizes. None where the variants did not
-    run (EvalConfig.shapes "off", or the candidate never got past its trials: then `correct` is
-    False as well)."""
+    (CorrectnessReport.shapes): not specialised to the task's sizes. False for a candidate that
+    failed its correctness check with the variants on; None where no correctness check ran or the
+    variants were off (EvalConfig.shapes "off")."""
 
     @classmethod
     def of(cls, result: EvalResult | None, correct: bool, speedup: float | None) -> RewardChannels:

@@ -21,7 +21,8 @@ Guards, each with a test:
   constants, chosen in tools/steps/shape_variants.py, each a fresh reference and ModelNew built
   with them and one call; a kernel specialised to the task's own sizes fails one. Recorded in
   `CorrectnessReport.shapes`; only "require" makes a failure the verdict's. Beside them, whether
-  the reference itself measures anything (tools/steps/degenerate.py), once per task.
+  the reference itself measures anything (tools/steps/degenerate.py), judged on the trials' own
+  reference calls.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 import structlog
 import torch
@@ -50,7 +51,7 @@ from kernel_refinery.tools.results import (
     VariantStatus,
 )
 from kernel_refinery.tools.steps.aten_ops import NON_COMPUTE, OpRecorder, synchronize
-from kernel_refinery.tools.steps.degenerate import PROBE_INPUTS, probe
+from kernel_refinery.tools.steps.degenerate import SpreadProbe, combine
 from kernel_refinery.tools.steps.shape_variants import Plan, Structure, resolve, settle, short, structure
 
 log = structlog.get_logger()
@@ -227,10 +228,14 @@ def _judge_call(
     cfg: EvalConfig,
     record_ops: bool,
     atol_by_rms: bool = False,
+    spread: SpreadProbe | None = None,
 ) -> tuple[Comparison, set[str], set[str]]:
     """One reference call here and one candidate call in its own process, on the same inputs;
-    the runner's outputs are compared here, and every guard applied (see tools/processes/remote.py)."""
+    the runner's outputs are compared here, and every guard applied (see tools/processes/remote.py).
+    `spread` sees the reference's outputs (does the reference measure anything?)."""
     expected, ref_ops = _reference_outputs(program, ref_model, inputs, record_ops)
+    if spread is not None:
+        spread.add(expected)
     cmp, new_ops = _candidate_against(new_model, inputs, expected, cfg, record_ops, atol_by_rms)
     return cmp, ref_ops, new_ops
 
@@ -272,9 +277,12 @@ class _Null:
         return None
 
 
-def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, record_ops: bool) -> tuple[TrialOutcome, set[str], set[str]]:
+def run_trial(
+    program: Program, cfg: EvalConfig, trial: int, seed: int, record_ops: bool, spread: SpreadProbe | None = None
+) -> tuple[TrialOutcome, set[str], set[str]]:
     """Fresh weights from the trial's seed, then two calls of the same instance on two fresh
-    input sets: an output cached inside the instance fails the second call."""
+    input sets: an output cached inside the instance fails the second call. `spread`, where given,
+    judges the reference's two outputs: do they vary at all (tools/steps/degenerate.py)?"""
     ref_model = program.reference(seed)
     new_model = program.new_model(seed, reference=ref_model)
     ref_ops: set[str] = set()
@@ -282,7 +290,7 @@ def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, record_o
     worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
     for call, input_seed in enumerate((seed + 1_000_003, seed + 2_000_003)):
         inputs = program.inputs(input_seed)
-        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, record_ops and call == 0)
+        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, record_ops and call == 0, spread=spread)
         ref_ops |= r_ops
         new_ops |= n_ops
         if not cmp.passed:
@@ -354,28 +362,6 @@ def kernel_share(program: Program, cfg: EvalConfig, reference_ops: set[str]) -> 
             + f"); at least {cfg.guards.min_kernel_share:.0%} must be custom: do the work in your kernel, not beside it"
         )
     return share
-
-
-_DEGENERATE: dict[tuple[str, str, str, float, float], str] = {}
-"""Per task, precision, device and tolerance: whether its reference measures anything (a judge's
-verdict on it, kept for the task's later candidates)."""
-
-
-def reference_degeneracy(program: Program, cfg: EvalConfig) -> str | None:
-    """Why the reference's outputs on PROBE_INPUTS random inputs (one model) are degenerate, "" when
-    they vary; None where the reference itself raised (the trials say so)."""
-    tol = cfg.precision_tolerance
-    key = (program.task.__name__, str(program.dtype), program.device.type, tol.atol, tol.rtol)
-    if key not in _DEGENERATE:
-        seed = cfg.seed + 11_000_003
-        try:
-            model = program.reference(seed)
-            found = probe(model, (program.inputs(seed + k) for k in range(PROBE_INPUTS)), tol.atol, tol.rtol)
-        except Exception as exc:  # noqa: BLE001 - the reference may raise anything; the trials report it
-            log.info("degenerate_probe_failed", task=program.task.__name__, reason=short(exc))
-            return None
-        _DEGENERATE[key] = found.describe() if found is not None else ""
-    return _DEGENERATE[key]
 
 
 def _variant(plan: Plan, status: VariantStatus, reason: str = "") -> ShapeVariant:
@@ -493,7 +479,17 @@ def check_correctness(
     torch_ops: set[str] = set()
     reference_ops: set[str] = set()
     variants_on = full and cfg.shapes != "off"
-    degenerate = reference_degeneracy(program, cfg) if variants_on else None
+    mode: Literal["report", "require"] = "require" if cfg.shapes == "require" else "report"
+    # Whether the reference measures anything, from the trials' own reference calls (two input sets
+    # per model): nothing more is run for it.
+    spreads: list[SpreadProbe] = []
+
+    def degenerate() -> str | None:
+        if not variants_on:
+            return None
+        judged = [s.verdict() for s in spreads if s.sets >= 2]
+        found = combine(judged, "trials (fresh weights each)") if judged else None
+        return found.describe() if found is not None else ("" if judged else None)
 
     def failed(outcome: TrialOutcome, trial: int | None, distributions: tuple[DistributionOutcome, ...] = ()) -> CorrectnessReport:
         return CorrectnessReport(
@@ -510,12 +506,15 @@ def check_correctness(
             outcomes=tuple(outcomes),
             torch_ops_in_candidate=tuple(sorted(torch_ops)),
             distributions=distributions,
-            degenerate=degenerate,
+            shapes=ShapeVariantsReport(mode=mode, reached=False) if variants_on else None,
+            degenerate=degenerate(),
         )
 
     for trial in range(n):
         seed = base + trial
-        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, record_ops=trial == 0)
+        if variants_on:
+            spreads.append(SpreadProbe(tol.atol, tol.rtol))
+        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, record_ops=trial == 0, spread=spreads[-1] if variants_on else None)
         if trial == 0:
             torch_ops = new_ops
             reference_ops = ref_ops
@@ -557,6 +556,6 @@ def check_correctness(
         distributions=distributions,
         kernel_share=share,
         shapes=shapes,
-        degenerate=degenerate,
+        degenerate=degenerate(),
     )
     return _required(report) if cfg.shapes == "require" else report

@@ -42,13 +42,26 @@ class Degenerate:
         return f"{KIND_TEXT[self.kind]}: {self.detail}"
 
 
+def _float(t: torch.Tensor) -> torch.Tensor:
+    """Floating values as float32 (float64 kept): the tolerance is far above float32's rounding."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def _within(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> bool:
     """`actual` passes an elementwise check against `expected` (NaN matching NaN)."""
-    if not expected.is_floating_point() and not expected.is_complex():
+    if not expected.is_floating_point():
         return bool(torch.equal(actual, expected))
-    a, e = actual.double(), expected.double()
+    a, e = _float(actual), _float(expected)
     close = (a - e).abs() <= atol + rtol * e.abs()
     return bool((close | (a.isnan() & e.isnan()) | (a == e)).all())
+
+
+def _near(t: torch.Tensor, value: float, atol: float, rtol: float) -> bool:
+    """Every element of t is within tolerance of `value`: writing `value` everywhere would pass."""
+    if not t.is_floating_point():
+        return bool((t == int(value)).all())
+    f = _float(t)
+    return bool(((f - value).abs() <= atol + rtol * f.abs()).all())
 
 
 def _constant_value(t: torch.Tensor, atol: float, rtol: float) -> float | None:
@@ -60,16 +73,9 @@ def _constant_value(t: torch.Tensor, atol: float, rtol: float) -> float | None:
         return float(first) if bool((t == first).all()) else None
     if not bool(torch.isfinite(t).all()):
         return None
-    low, high = torch.aminmax(t.double())
+    low, high = torch.aminmax(_float(t))
     middle = (float(low) + float(high)) / 2
-    return middle if _within(_filled(t, middle), t, atol, rtol) else None
-
-
-def _filled(like: torch.Tensor, value: float) -> torch.Tensor:
-    """`like`'s shape, every element `value` (in float64 where `like` is floating, to judge it exactly)."""
-    if like.is_floating_point():
-        return torch.full(like.shape, value, dtype=torch.float64, device=like.device)
-    return torch.full_like(like, int(value))
+    return middle if _near(t, middle, atol, rtol) else None
 
 
 class SpreadProbe:
@@ -101,12 +107,11 @@ class SpreadProbe:
         larger = [o for o in outputs if o.numel() > 1]
         # The same constant on this set too: a kernel writing that literal would pass here as well.
         self.constants = [
-            c if c is not None and _within(_filled(o, c), o, self.atol, self.rtol) else None
-            for c, o in zip(self.constants, larger, strict=True)
+            c if c is not None and _near(o, c, self.atol, self.rtol) else None for c, o in zip(self.constants, larger, strict=True)
         ]
         for now, first in zip(outputs, self.first, strict=True):
             if first.is_floating_point() and first.numel():
-                change = (now.double() - first.double()).abs().nan_to_num(nan=0.0).max()
+                change = (_float(now) - _float(first)).abs().nan_to_num(nan=0.0).max()
                 self.max_change = max(self.max_change, float(change))
             # The first set's outputs, written as the answer to this set: would they pass?
             if not _within(first, now, self.atol, self.rtol):
@@ -128,6 +133,20 @@ class SpreadProbe:
                 f"(largest change {self.max_change:.3g}, within atol={self.atol:g}, rtol={self.rtol:g})",
             )
         return None
+
+
+ORDER: tuple[Kind, ...] = ("zeros", "constant", "input_independent")
+
+
+def combine(verdicts: Sequence[Degenerate | None], models: str) -> Degenerate | None:
+    """One verdict from several models' (fresh weights each): degenerate only where every one is,
+    of the weakest kind any of them shows (zeros, then one constant, then the same on every input)."""
+    if not verdicts or any(v is None for v in verdicts):
+        return None
+    found = [v for v in verdicts if v is not None]
+    kind = max((v.kind for v in found), key=ORDER.index)
+    first = next(v for v in found if v.kind == kind)
+    return Degenerate(kind, f"{first.detail}, for each of {len(found)} {models}")
 
 
 def probe(model: Callable[..., Any], input_sets: Iterable[Sequence[Any]], atol: float, rtol: float) -> Degenerate | None:
