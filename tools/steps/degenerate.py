@@ -12,6 +12,7 @@ tolerance a candidate is held to: each criterion is "a candidate this trivial wo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,6 +57,11 @@ def _within(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: flo
     return bool((close | (a.isnan() & e.isnan()) | (a == e)).all())
 
 
+SAMPLE = 4096
+"""Positions compared first, spread over an output: a reference that varies shows it there, and
+the full comparison (several passes over a large output) runs only for one that may not."""
+
+
 def _near(t: torch.Tensor, value: float, atol: float, rtol: float) -> bool:
     """Every element of t is within tolerance of `value`: writing `value` everywhere would pass."""
     if not t.is_floating_point():
@@ -64,23 +70,29 @@ def _near(t: torch.Tensor, value: float, atol: float, rtol: float) -> bool:
     return bool(((f - value).abs() <= atol + rtol * f.abs()).all())
 
 
-def _constant_value(t: torch.Tensor, atol: float, rtol: float) -> float | None:
-    """A value c that every element of t is within tolerance of (c passes as the output), else None."""
-    if t.numel() == 0:
-        return None
-    if not t.is_floating_point():
-        first = t.flatten()[0]
-        return float(first) if bool((t == first).all()) else None
-    if not bool(torch.isfinite(t).all()):
-        return None
-    low, high = torch.aminmax(_float(t))
-    middle = (float(low) + float(high)) / 2
-    return middle if _near(t, middle, atol, rtol) else None
+def _range(t: torch.Tensor) -> tuple[float, float]:
+    """(lowest, highest) value in one pass; NaN where t holds one."""
+    low, high = torch.aminmax(t.to(torch.uint8) if t.dtype == torch.bool else t)
+    return float(low), float(high)
+
+
+def _passes_as(value: float, low: float, high: float, atol: float, rtol: float) -> bool:
+    """`value` written everywhere could pass for both ends of [low, high] (`_near` then checks every element)."""
+    return all(abs(v - value) <= atol + rtol * abs(v) for v in (low, high))
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1)
+    if flat.numel() <= SAMPLE:
+        return flat
+    return flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=t.device).long()]
 
 
 class SpreadProbe:
     """Outputs of one model on input set after input set, reduced as they come: only the first
-    set's outputs are kept (to compare the later ones with)."""
+    set's outputs are kept (to compare the later ones with). Cheap where the reference varies: one
+    pass per output for its range, and a comparison of SAMPLE positions; the full passes run only
+    for outputs that may be degenerate."""
 
     def __init__(self, atol: float, rtol: float):
         self.atol, self.rtol = atol, rtol
@@ -91,14 +103,26 @@ class SpreadProbe:
         self.same = True
         self.max_change = 0.0
 
+    def _constant(self, t: torch.Tensor, value: float | None = None) -> float | None:
+        """The value every element of t could be written as (`value`, where given), else None."""
+        if t.numel() == 0:
+            return None
+        low, high = _range(t)
+        if not all(math.isfinite(v) for v in (low, high)):
+            return None
+        value = (low + high) / 2 if value is None else value
+        if not _passes_as(value, low, high, self.atol, self.rtol):
+            return None
+        return value if _near(t, value, self.atol, self.rtol) else None
+
     def add(self, outputs: Sequence[torch.Tensor]) -> None:
         outputs = [o.detach() for o in outputs]
         self.sets += 1
-        self.all_zero = self.all_zero and all(bool((o == 0).all()) for o in outputs)
+        self.all_zero = self.all_zero and all(o.numel() == 0 or _range(o) == (0.0, 0.0) for o in outputs)
         if self.first is None:
             self.first = outputs
             # A one-element output (a loss) is constant by itself: only larger ones can show it.
-            self.constants = [_constant_value(o, self.atol, self.rtol) for o in outputs if o.numel() > 1]
+            self.constants = [self._constant(o) for o in outputs if o.numel() > 1]
             return
         if len(outputs) != len(self.first) or any(o.shape != f.shape for o, f in zip(outputs, self.first, strict=True)):
             self.same = False
@@ -106,16 +130,26 @@ class SpreadProbe:
             return
         larger = [o for o in outputs if o.numel() > 1]
         # The same constant on this set too: a kernel writing that literal would pass here as well.
-        self.constants = [
-            c if c is not None and _near(o, c, self.atol, self.rtol) else None for c, o in zip(self.constants, larger, strict=True)
-        ]
-        for now, first in zip(outputs, self.first, strict=True):
+        kept = zip(self.constants, larger, strict=True)
+        self.constants = [c if c is not None and self._constant(o, c) is not None else None for c, o in kept]
+        if not self.same:
+            return
+        # The first set's outputs, written as the answer to this set: would they pass? Sampled first.
+        pairs = list(zip(outputs, self.first, strict=True))
+        if not all(_within(_sample(first), _sample(now), self.atol, self.rtol) for now, first in pairs):
+            self.same = False
+            return
+        for now, first in pairs:
             if first.is_floating_point() and first.numel():
                 change = (_float(now) - _float(first)).abs().nan_to_num(nan=0.0).max()
                 self.max_change = max(self.max_change, float(change))
-            # The first set's outputs, written as the answer to this set: would they pass?
             if not _within(first, now, self.atol, self.rtol):
                 self.same = False
+
+    @property
+    def varies(self) -> bool:
+        """Two sets seen and nothing degenerate in them: no later set can change the verdict."""
+        return self.sets >= 2 and self.verdict() is None
 
     def verdict(self) -> Degenerate | None:
         if self.first is None or self.sets < 2:
