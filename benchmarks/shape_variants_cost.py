@@ -67,6 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
     figures: dict[str, dict[str, object]] = {}
+    retried: list[str] = []
     with tempfile.TemporaryDirectory(prefix="refinery-shapes-") as scratch:
         base = EvalConfig(device="cpu", cache_dir=Path(scratch) / "cache", time_compiled_reference=False)
         for name, (path, candidate) in CASES.items():
@@ -81,6 +82,13 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for mode in ("off", "report") if round_ % 2 == 0 else ("report", "off"):
                     result, wall, _ = timed_evaluation(base.model_copy(update={"shapes": mode}), task, candidate)
+                    for _ in range(2):
+                        # Something outside this run (on the shared machine) reniced processes mid-run twice
+                        # (`os.getpriority: 0 -> 19`): such an evaluation is made again, and counted.
+                        if result.correct or "getpriority" not in result.message:
+                            break
+                        retried.append(f"{name} {mode}: {result.message.splitlines()[0][:200]}")
+                        result, wall, _ = timed_evaluation(base.model_copy(update={"shapes": mode}), task, candidate)
                     assert result.correct and result.correctness is not None, f"{name} {mode}: {result.message}"
                     stages[mode].append(sum(result.stage_seconds.values()))
                     walls[mode].append(wall)
@@ -132,7 +140,8 @@ def main() -> None:
         f"own ratio (timing noise included). Largest added share: {worst:+.1%} ({verdict} the {TARGET:.0%} target)"
     )
     if args.json:
-        args.json.write_text(json.dumps({"device": "cpu", "rounds": args.rounds, "tasks": figures, "target": TARGET}, indent=1) + "\n")
+        saved = {"device": "cpu", "rounds": args.rounds, "tasks": figures, "retried": retried, "target": TARGET}
+        args.json.write_text(json.dumps(saved, indent=1) + "\n")
         console.print(f"written: {args.json}")
 
 
