@@ -25,7 +25,7 @@ from kernel_refinery.tools.processes.jobs import TaskProgram
 from kernel_refinery.tools.processes.pool import EvaluatorPool
 from kernel_refinery.tools.processes.programs import Program, import_source
 from kernel_refinery.tools.results import EvalResult, ShapeVariantsReport, Stage
-from kernel_refinery.tools.steps.degenerate import Degenerate, SpreadProbe, combine
+from kernel_refinery.tools.steps.degenerate import SAMPLE, Degenerate, SpreadProbe, _sample, combine
 from kernel_refinery.tools.steps.shape_variants import derive, repair
 from kernel_refinery.tools.steps.task_constants import literal_constants, with_constants
 
@@ -291,6 +291,10 @@ def test_degenerate_outputs_are_named() -> None:
     assert verdict(torch.relu) is None
     assert verdict(lambda x: x.sum()) is None, "a loss is one value, but not the same one"
     assert verdict(lambda x: x.mean(dim=1, keepdim=True).expand(8, 16)) is None, "constant per input, not across inputs"
+    # A large output is compared at sampled positions first, the last element among them.
+    large = torch.arange(2**24 + 3, dtype=torch.int32)
+    sample = _sample(large)
+    assert sample.numel() == SAMPLE and int(sample[-1]) == large.numel() - 1
     # Several models (the trials' fresh weights): degenerate only if each is, of the weakest kind shown.
     zeros, constant = Degenerate("zeros", "z"), Degenerate("constant", "c")
     assert combine([zeros, constant], "trials") == Degenerate("constant", "c, for each of 2 trials")

@@ -85,7 +85,8 @@ def _sample(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
     if flat.numel() <= SAMPLE:
         return flat
-    return flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=t.device).long()]
+    # Integer steps: float32's linspace rounds an index past 2**24 elements, and can run off the end.
+    return flat[torch.arange(SAMPLE, device=t.device) * (flat.numel() - 1) // (SAMPLE - 1)]
 
 
 class SpreadProbe:

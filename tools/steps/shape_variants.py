@@ -9,24 +9,29 @@ task's own values. The variants, at most four, each a copy of the task with some
 otherwise (tools/steps/task_constants.py):
 
 - larger: the largest size grown by about an eighth, to an odd number (16384 -> 18433);
-- odd: every size to the odd number just below it (16 -> 15, 1024 -> 1023, 4095 -> 4093);
-- small: every size to the largest of 1, 3, 17, 127, 1000 at most a quarter of it, a batch size to 1;
+- odd: every even size to the odd number just below it (16 -> 15, 1024 -> 1023; 4095 stays);
+- small: a batch size to 1, every other size to the largest of 3, 17, 127, 1000 at most a quarter
+  of it (else 1);
 - init: each hyper-parameter of `get_init_inputs()` that is not a size (a kernel size, a stride, a
-  reduced dimension, a scale) one up, or one down where up fails (a float halved).
+  reduced dimension, a scale) one up, or one down where up fails (a float halved; an epsilon under
+  TINY_FLOAT left alone).
 
 Sizes are the ints (and int tuples) `get_inputs()` reads, directly, through helpers or through
 constants derived from them, and the ints of 8 or more only `get_init_inputs()` reads (a layer's
 width). Each variant is first run on the meta device, which builds the reference and gives its
 outputs' structure, bytes and FLOPs without computing anything:
 - where the reference raises (a size that must divide another, a kernel larger than its input),
-  the variant is repaired once: every constant that divided another in the task divides it again
-  (the nearest multiple, one that differs from the task's own value); then, for `small`, the next
-  size of the ladder; then it is not applicable;
+  the variant is repaired (`repairs`): the constants that divided each other in the task are made
+  to divide again, one relation at a time, then a layer's, then those whose divisor the variant
+  keeps, then all; then the variant without the layer widths, then without sizes under 8 as well;
+  for `small`, the next size of the ladder; then it is not applicable;
 - where the outputs change structure (count, dtype, rank), it is not applicable;
 - where its bytes or estimated time exceed BUDGET times the task's own, it is not applicable.
-A task whose reference does not run on the meta device (`.item()`, data-dependent shapes) is
-probed by running the reference itself, up to REAL_ATTEMPTS times per task. What is decided here
-depends only on the task, its precision and device: it is kept per judge process (`resolve`).
+A task whose reference does not run on the meta device (`.item()`, data-dependent shapes), or runs
+there slower than META_DEADLINE_S (a recurrent network, op by op), has only its inputs' bytes held
+to the budget here: its variants go to the check with up to MAX_FALLBACKS other values each, and
+the reference's real run there decides (`settle`). What is decided here depends only on the task,
+its precision and device: it is kept per judge process (`resolve`).
 """
 
 from __future__ import annotations
