@@ -378,8 +378,12 @@ def suite_check_command(
     compile_reference: Annotated[bool, typer.Option("--compile/--no-compile", help="also time torch.compile of each reference")] = True,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=1, help="wall-clock limit per task, after torch is imported")] = 300.0,
     json_path: Annotated[Path | None, typer.Option("--json", dir_okay=False, help="write every row to this JSON file")] = None,
+    time_eager: Annotated[bool, typer.Option("--time/--no-time", help="time the eager reference (off: build and probe only)")] = True,
+    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="flag references whose outputs do not vary with their inputs")] = True,
+    tolerance: Annotated[float, typer.Option(min=0, help="atol = rtol of the probe (a candidate's fp32 tolerance)")] = 1e-4,
 ) -> None:
-    """Run each task's reference eager and with torch.compile, each in its own process: ok or why not, and its time."""
+    """Run each task's reference eager and with torch.compile, each in its own process: ok or why not, and its time;
+    and flag a reference whose outputs on a few random inputs are all zeros, one constant, or the same on each."""
     from kernel_refinery.bench.suite_check.render import print_progress, print_summary, print_table
     from kernel_refinery.bench.suite_check.run import JsonReport, check_device, check_suite, default_jobs, find_tasks
     from kernel_refinery.bench.suite_check.types import CheckOptions, TaskCheck
@@ -387,7 +391,15 @@ def suite_check_command(
     configure_logging()
     check_device(device)
     found = find_tasks(suite, _ints(levels), tasks)
-    options = CheckOptions(device=device, compile=compile_reference, timeout_s=timeout_s, jobs=jobs or default_jobs(device))
+    options = CheckOptions(
+        device=device,
+        compile=compile_reference,
+        timeout_s=timeout_s,
+        jobs=jobs or default_jobs(device),
+        time=time_eager,
+        probe=probe,
+        tolerance=tolerance,
+    )
     report = JsonReport(json_path, suite, options, len(found)) if json_path else None
     plural = "" if len(found) == 1 else "s"
     console.print(f"checking {len(found)} task{plural} of {suite} on {device}, {options.jobs} at a time", highlight=False)

@@ -24,7 +24,7 @@ from kernel_refinery.bench.experiment import TrajectoryRecord, read_results, res
 from kernel_refinery.core.errors import ConfigError, RunDirError
 from kernel_refinery.core.stats import METHOD, Estimate, mean_interval, paired_difference, paired_ratio
 from kernel_refinery.traces.manifest import Difference, differences, read_manifest
-from kernel_refinery.traces.scoring import geomean, rate_hits
+from kernel_refinery.traces.scoring import geomean, has_general, is_general, rate_hits
 from kernel_refinery.traces.terminal import add_name_column, add_number_column, compact_table, print_table
 
 Key = tuple[str | int, ...]
@@ -186,6 +186,8 @@ def compare(a: Side, b: Side, key: Callable[[TrajectoryRecord], Key], paired_on:
 
     for name, hit in rate_hits().items():
         rate(name, hit)
+    if has_general(a.records) or has_general(b.records):
+        rate("general", is_general)
     xs, ys = [], []
     for t in tasks:
         both = [(ga, gb) for k in by_task[t] if (ga := geomean(side_a[k])) is not None and (gb := geomean(side_b[k])) is not None]

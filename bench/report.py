@@ -83,6 +83,34 @@ def _cell(e: Estimate, kind: str, wide: bool) -> str:
 COMPACT_P = (0.0, 1.0, 2.0)
 
 
+def _tasks_cell(s: GroupScores, wide: bool) -> str:
+    """The group's task count; `*` and how many where some tasks' references are degenerate."""
+    if not s.degenerate_tasks:
+        return str(s.tasks)
+    return f"{s.tasks} ({len(s.degenerate_tasks)}*)" if wide else f"{s.tasks}\n[yellow]{len(s.degenerate_tasks)}*[/]"
+
+
+def degenerate_line(scores: list[GroupScores]) -> str | None:
+    """The tasks the table marks with `*`: their references measure nothing (tools/steps/degenerate.py)."""
+    tasks = sorted({t for s in scores for t in s.degenerate_tasks})
+    if not tasks:
+        return None
+    return (
+        f"*: degenerate tasks, whose reference's outputs on random inputs are all zeros, one constant or the same "
+        f"on every input (a correct kernel there needs no computing): {', '.join(tasks)}"
+    )
+
+
+def general_line(scores: list[GroupScores]) -> str:
+    """What the general column counts."""
+    if all(s.general is None for s in scores):
+        return "general: - (shape and init variants were off: eval.shapes = off, or results from before them)"
+    return (
+        "general: correct, and the best kernel passed every shape and init variant of the task's constants "
+        "that applies (eval.shapes; the other sizes and hyper-parameters tools/steps/shape_variants.py chose)"
+    )
+
+
 def _caption(samples: int, wide: bool, what_wide_adds: str = "every p, exact tokens") -> str:
     over = f" (each task: the share of its {samples} samples)" if samples > 1 else ""
     where = "[low–high]" if wide else "second line"
@@ -119,11 +147,16 @@ def noise_line(scores: list[GroupScores]) -> str:
 
 
 def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
-    """fast_p per level × variant (× strategy × precision) with 95% intervals; compact fits 80 columns."""
+    """fast_p per level × variant (× strategy × precision) with 95% intervals; compact fits 80 columns.
+
+    `general` (shape and init variants passed, next to `correct`) is shown where the run checked
+    variants; in the compact table it then takes the place of `compiled`, which --wide keeps."""
     samples = max((s.samples for s in scores), default=1)
+    general = any(s.general is not None for s in scores)
+    compiled = wide or not general
     table = compact_table(
         title="fast_p by level and feedback variant: share of tasks correct and faster than p times PyTorch",
-        caption=_caption(samples, wide),
+        caption=_caption(samples, wide, "every p, exact tokens" + ("" if compiled else ", compiled")),
     )
     strategies = len({s.strategy for s in scores}) > 1 or any(s.strategy != Strategy.REFINE for s in scores)
     precisions = several_precisions(scores)
@@ -140,7 +173,7 @@ def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
     add_number_column(table, "tasks")
     for p in p_values:
         add_number_column(table, f"fast_{p:g}")
-    for name in ("correct", "compiled", "geomean", "tokens"):
+    for name in ("correct", *(["general"] if general else []), *(["compiled"] if compiled else []), "geomean", "tokens"):
         add_number_column(table, name)
     for s in scores:
         estimates = s.estimates()
@@ -151,10 +184,11 @@ def render_table(scores: list[GroupScores], wide: bool = False) -> Table:
             name,
             *([s.strategy] if strategies and wide else []),
             *([s.precision] if precisions and wide else []),
-            str(s.tasks),
+            _tasks_cell(s, wide),
             *[_cell(estimates[f"fast_{p:g}"], "rate", wide) for p in p_values],
             _cell(estimates["correct"], "rate", wide),
-            _cell(estimates["compiled"], "rate", wide),
+            *([_cell(s.general_estimate(), "rate", wide)] if general else []),
+            *([_cell(estimates["compiled"], "rate", wide)] if compiled else []),
             _cell(estimates["geomean"], "times", wide),
             str(s.tokens) if wide else _tokens(s.tokens),
         )
@@ -362,6 +396,10 @@ def report(run_dir: Path, console: Console | None = None, plots: bool = True, wi
             console.print(line, highlight=False, markup=False)
         print_table(console, render_table(scores, wide=wide), wide)
         console.print(noise_line(scores), highlight=False, markup=False)
+        console.print(general_line(scores), highlight=False, markup=False)
+        degenerate = degenerate_line(scores)
+        if degenerate is not None:
+            console.print(degenerate, highlight=False, markup=False)
         by_turn = render_by_turn(scores, wide=wide)
         if by_turn is not None:
             print_table(console, by_turn, wide)

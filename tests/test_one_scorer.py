@@ -141,8 +141,8 @@ class FastPRows(HTMLParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self.values: dict[tuple[str, str], dict[str, float]] = {}
-        self._row: dict[str, float] | None = None
+        self.values: dict[tuple[str, str], dict[str, float | None]] = {}
+        self._row: dict[str, float | None] | None = None
         self._cell = -1
         self._in_table = False
 
@@ -157,6 +157,8 @@ class FastPRows(HTMLParser):
             self._cell += 1
             if a.get("class") == "fast-p-value":
                 self._row[f"fast_{a['data-p']}"] = float(a["data-value"])
+            elif a.get("class") == "general":
+                self._row["general"] = None if a["data-value"] == "None" else float(a["data-value"])
             elif self._cell == 1:
                 self._row["correct"] = float(a["data-value"])
 

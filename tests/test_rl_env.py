@@ -71,7 +71,7 @@ def test_an_episode_gives_each_channel_the_hack_penalty_and_the_loops_feedback(
 
     wrong = episode.step(WRONG)
     assert wrong.verdict is Verdict.INCORRECT and wrong.turn == 2
-    assert wrong.channels == RewardChannels(compiled=True, correct=False, speedup=None, hack=False)
+    assert wrong.channels == RewardChannels(compiled=True, correct=False, speedup=None, hack=False, general=False)
     assert wrong.reward == pytest.approx(0.1)
     assert "trial" in wrong.feedback and wrong.feedback in episode.observation[-1].content
     assert "ext.leaky_wrong(x)" in episode.observation[-1].content, "the next prompt shows the previous code"
@@ -81,6 +81,9 @@ def test_an_episode_gives_each_channel_the_hack_penalty_and_the_loops_feedback(
     speedup = fixed.channels.speedup
     assert fixed.channels.compiled and fixed.channels.correct and not fixed.channels.hack and speedup is not None and speedup > 0
     assert fixed.reward == pytest.approx(0.1 + 1.0 + 0.5 * math.log2(speedup))
+    # A generic ReLU passes the task's shape variants: its own channel, weighed 0 unless a trainer asks.
+    assert fixed.channels.general is True and hack.channels.general is None and wrong.channels.general is False
+    assert RewardWeights(general=0.5).combine(fixed.channels) == pytest.approx(fixed.reward + 0.5)
     assert episode.observation == ()
     with pytest.raises(EpisodeError, match="has ended"):
         episode.step(FIXED)
@@ -128,7 +131,7 @@ def test_openenv_server_runs_an_episode_over_its_websocket(settings: EvalConfig,
         ws.send_json({"type": "step", "data": {"reply": HACK}})
         hack = ws.receive_json()["data"]
         assert hack["reward"] == pytest.approx(-1.0) and hack["done"] is False
-        assert hack["observation"]["channels"] == {"compiled": False, "correct": False, "speedup": None, "hack": True}
+        assert hack["observation"]["channels"] == {"compiled": False, "correct": False, "speedup": None, "hack": True, "general": None}
         assert hack["observation"]["verdict"] == "rejected"
         assert hack["observation"]["feedback"] in hack["observation"]["messages"][-1]["content"]
 
@@ -136,6 +139,7 @@ def test_openenv_server_runs_an_episode_over_its_websocket(settings: EvalConfig,
         fixed = ws.receive_json()["data"]
         assert fixed["done"] is True and fixed["observation"]["verdict"] == "correct"
         assert fixed["observation"]["channels"]["correct"] is True and fixed["observation"]["channels"]["speedup"] > 0
+        assert fixed["observation"]["channels"]["general"] is True
 
         ws.send_json({"type": "state"})
         state = ws.receive_json()["data"]

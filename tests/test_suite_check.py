@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from candidates import task_source
 from cli_runner import run_cli
 
 from kernel_refinery.bench.suite_check.run import describe_exit
@@ -118,3 +119,20 @@ def test_a_folder_that_is_not_a_suite_is_a_one_line_error(tmp_path: Path) -> Non
 def test_an_exit_without_a_result_is_described(code: int, printed: str, status: Status, phrase: str) -> None:
     found, message = describe_exit(code, Stage.EAGER, printed)
     assert found is status and phrase in message, message
+
+
+def test_a_constant_reference_is_flagged_and_a_normal_one_is_not(tmp_path: Path) -> None:
+    level = tmp_path / "suite" / "level1"
+    level.mkdir(parents=True)
+    (level / "1_max_minus_its_mean.py").write_text(task_source("constant_task"))
+    (level / "2_relu.py").write_text(task_source("small_relu_task"))
+    out = tmp_path / "check.json"
+    result = refinery("suite", "check", "--suite", level.parent, "--no-compile", "--no-time", "--jobs", "2", "--json", out)
+    assert result.exit_code == 0, result.output
+    rows = rows_of(out)
+    constant, normal = rows["1_max_minus_its_mean"], rows["2_relu"]
+    assert constant["status"] == "ok" and constant["degenerate"] == "zeros", constant
+    assert "every output value is 0 on 4 random inputs" in str(constant["degenerate_detail"])
+    assert normal["status"] == "ok" and normal["degenerate"] == "" and normal["eager"] is None, normal
+    assert json.loads(out.read_text())["degenerate"] == {"level1/1_max_minus_its_mean": "zeros"}
+    assert "level1/1_max_minus_its_mean: all zeros" in result.output and "1 degenerate" in result.output

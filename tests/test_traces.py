@@ -425,10 +425,12 @@ def test_report_shows_the_intervals_of_its_scores(report: Path) -> None:
     dom = parse(html)
     assert "95% interval" in html and "BCa bootstrap over tasks" in html
     # Scored as `refinery report` scores them: G+E ran 2 tasks and got relu right: 1 of 2, 0–100%,
-    # an interval on the correct rate and each fast_p; G+E+P ran relu only: one task, no interval.
+    # an interval on the correct rate, the general rate (the relu kernel passed its shape variants)
+    # and each fast_p; G+E+P ran relu only: one task, no interval.
     cells = dom.having("td", class_="fast-p-value", data_p="0")
     assert [c["data-value"] for c in cells] == ["0.5", "1.0"]
     rows = html[html.index('<table id="fast-p"') :]
     rows = rows[: rows.index("</table>")].split('<tr data-level="1" data-variant=')[1:]
-    assert [row.count('class="ci"') for row in rows] == [7, 0]
+    assert [row.count('class="ci"') for row in rows] == [8, 0]
+    assert [c["data-value"] for c in dom.having("td", class_="general")] == ["0.5", "1.0"]
     assert "0–100%" in html

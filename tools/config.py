@@ -178,6 +178,14 @@ class EvalConfig(BaseModel):
     main.cpp stays with CXX/GCC, nvcc's host compiler. Each result names the compiler that built it
     (CompileReport.compiler), and a run's manifest both."""
     guards: Guards = Field(default_factory=Guards)
+    shapes: Literal["off", "report", "require"] = "report"
+    """Shape and init variants (tools/steps/shape_variants.py): after the trials pass, the candidate
+    also runs on a few other values of the task's module-level constants (smaller, larger, odd
+    sizes, other hyper-parameters) where the reference allows them. "report" records each
+    variant's outcome beside the verdict (CorrectnessReport.shapes: the `general` share of the
+    reports) without changing it, as KernelBench allows kernels specialised to the task's shapes;
+    "require" makes a failed variant `incorrect` (a PyTorch fallback there: `rejected`); "off"
+    runs none, nor the probe of whether the reference's outputs vary (CorrectnessReport.degenerate)."""
 
     @property
     def baseline_root(self) -> Path:

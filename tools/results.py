@@ -99,6 +99,85 @@ class KernelShare(Frozen):
     candidate when the reference does more than them (fusing around a library GEMM is legitimate)."""
 
 
+VariantStatus = Literal["passed", "wrong", "crashed", "fallback", "not_applicable", "not_run"]
+"""What became of one shape or init variant:
+- passed: the candidate's outputs matched the reference's on it;
+- wrong: they did not (the diff is in the variant's reason and figures);
+- crashed: the candidate raised on it (in its constructor or its forward);
+- fallback: its forward ran none of its compiled kernels there (a PyTorch fallback for other sizes);
+- not_applicable: the reference itself fails there, changes its outputs' structure, gives
+  non-finite values, or the variant would exceed the memory or time budget: never held against
+  the candidate;
+- not_run: an earlier variant failed, which settles the candidate's generality; the rest are not
+  risked (a kernel that reads past its buffers could take its process down)."""
+
+FAILED_VARIANT: frozenset[str] = frozenset({"wrong", "crashed", "fallback"})
+
+
+class ShapeVariant(Frozen):
+    """One variant of the task's module-level constants (tools/steps/shape_variants.py), and how the candidate did on it."""
+
+    name: str
+    """larger, odd, small or init: how its values were chosen."""
+    kind: Literal["shape", "init"]
+    """shape: it changes the inputs' sizes (and any init inputs read from the same constants);
+    init: it changes only hyper-parameters of get_init_inputs()."""
+    overrides: dict[str, int | float | tuple[int, ...]]
+    """The constants it sets, with their values there (the rest as the task has them)."""
+    status: VariantStatus
+    reason: str = ""
+    """Why it failed or does not apply: the diff, the exception, the reference's refusal."""
+    max_abs_diff: float = 0.0
+    mean_abs_diff: float = 0.0
+    rel_l2: float = 0.0
+    mismatches: tuple[Mismatch, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED_VARIANT
+
+    def label(self) -> str:
+        """`odd (batch_size=15, dim=1023)`."""
+        values = ", ".join(f"{k}={v}" for k, v in self.overrides.items())
+        return f"{self.name} ({values})" if values else self.name
+
+
+class ShapeVariantsReport(Frozen):
+    """The candidate on other values of the task's constants, after the trials on its own passed (EvalConfig.shapes)."""
+
+    mode: Literal["report", "require"]
+    reached: bool = True
+    """False where the candidate failed before the variants (its trials, distributions or kernel
+    share): none ran, and it is not general."""
+    constants: dict[str, int | float | tuple[int, ...]] = Field(default_factory=dict)
+    """The task's own values of the constants the variants change."""
+    variants: tuple[ShapeVariant, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def failure(self) -> ShapeVariant | None:
+        return next((v for v in self.variants if v.failed), None)
+
+    @property
+    def general(self) -> bool:
+        """No variant the reference allows failed: the kernel is not specialised to the task's values
+        (true also where no variant applies: nothing shows otherwise). False where they were not reached."""
+        return self.reached and self.failure is None
+
+    @property
+    def passed(self) -> int:
+        return sum(v.status == "passed" for v in self.variants)
+
+    def summary(self) -> str:
+        if not self.reached:
+            return "shape and init variants not reached"
+        failure = self.failure
+        if failure is not None:
+            return f"failed {failure.label()}: {failure.reason}"
+        other = len(self.variants) - self.passed
+        return f"passed {self.passed} shape/init variant{'s' if self.passed != 1 else ''}" + (f" ({other} not applicable)" if other else "")
+
+
 class CorrectnessReport(Frozen):
     passed: bool
     trials: int
@@ -116,12 +195,21 @@ class CorrectnessReport(Frozen):
     distributions: tuple[DistributionOutcome, ...] = ()
     """Extra input distributions tried after the task's own inputs passed."""
     kernel_share: KernelShare | None = None
+    shapes: ShapeVariantsReport | None = None
+    """Shape and init variants, tried after everything above passed (EvalConfig.shapes); None when
+    off or not reached."""
+    degenerate: str | None = None
+    """Whether the reference measures anything: why its outputs in the trials (two input sets per
+    model) are all zeros, one constant, or the same on every input within the tolerance
+    (tools/steps/degenerate.py); "" when they vary; None when not judged (EvalConfig.shapes "off",
+    no trial got to its second call, or results from before it)."""
 
     def summary(self) -> str:
         if self.passed:
             extra = [d.name for d in self.distributions if d.passed]
             also = f" and on {', '.join(extra)} inputs" if extra else ""
-            return f"passed {self.trials} trials{also} (max |diff| {self.max_abs_diff:.3g})"
+            shapes = f"; {self.shapes.summary()}" if self.shapes is not None else ""
+            return f"passed {self.trials} trials{also} (max |diff| {self.max_abs_diff:.3g}){shapes}"
         where = "; ".join(f"at {list(m.index)} expected {m.expected:.6g} got {m.actual:.6g}" for m in self.mismatches[:3])
         head = f"trial {self.failed_trial}: {self.reason}" if self.failed_trial is not None else self.reason
         stats = f"max |diff| {self.max_abs_diff:.4g}, mean |diff| {self.mean_abs_diff:.4g}, rel L2 {self.rel_l2:.3g}"

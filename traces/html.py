@@ -240,6 +240,8 @@ class FastPRow:
     group: GroupScores
     label: str
     correct: Estimate
+    general: Estimate
+    """Correct and passed every shape and init variant that applies; no value where they were off."""
     fast: tuple[Estimate, ...]
     geomean: Estimate
 
@@ -254,6 +256,8 @@ class ReportView:
     grid: tuple[GridRow, ...]
     p_values: tuple[float, ...]
     fast_p: tuple[FastPRow, ...]
+    degenerate: tuple[str, ...]
+    """Tasks whose reference measures nothing (GroupScores.degenerate_tasks), marked `*` in the fast_p table."""
     interval_method: str
     trajectories: tuple[TrajectoryView, ...]
     tokens: int
@@ -381,6 +385,7 @@ def fast_p_rows(summaries: Sequence[TrajectorySummary]) -> tuple[FastPRow, ...]:
                 group=g,
                 label=" · ".join(parts),
                 correct=estimates["correct"],
+                general=g.general_estimate(),
                 fast=tuple(estimates[f"fast_{p:g}"] for p in P_VALUES),
                 geomean=estimates["geomean"],
             )
@@ -400,7 +405,8 @@ def build_report(trajectories: Sequence[Trajectory], title: str) -> ReportView:
         columns=columns,
         grid=overview_grid(summaries, columns),
         p_values=P_VALUES,
-        fast_p=fast_p_rows(summaries),
+        fast_p=(rows := fast_p_rows(summaries)),
+        degenerate=tuple(sorted({t for row in rows for t in row.group.degenerate_tasks})),
         interval_method=METHOD,
         trajectories=views,
         tokens=sum(s.tokens.total for s in summaries),

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from kernel_refinery.core.numerics import Numerics, Precision
 from kernel_refinery.core.strategy import Strategy
 from kernel_refinery.core.verdict import Judged, Verdict, best
-from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, EvalResult
+from kernel_refinery.tools.results import NONFINITE_AS_STRINGS, CorrectnessReport, EvalResult
 from kernel_refinery.traces.schema import TrajectoryId
 
 RESULTS_SCHEMA_VERSION = 1
@@ -64,6 +64,14 @@ class TrajectoryRecord(BaseModel):
     tolerance: float | None = None
     """atol = rtol in force for outputs of that precision; None in results written before it was recorded."""
     allow_tf32: bool = False
+    best_general: bool | None = None
+    """The best kernel is correct and failed none of the task's shape and init variants it was
+    checked on (CorrectnessReport.shapes, EvalConfig.shapes); False where no kernel was correct
+    while the variants were on; None where they were off (or in results from before them)."""
+    degenerate: str | None = None
+    """Why the task's reference measures nothing (its outputs on a few random inputs all zeros, one
+    constant, or the same on every input: tools/steps/degenerate.py), "" where they vary; None where
+    no evaluation of the trajectory probed it."""
     # The numerics stay three flat fields, not an embedded Numerics: results.jsonl keeps the format
     # older runs wrote and older versions read; `numerics` gives them as the one value.
 
@@ -95,6 +103,27 @@ class Attempted(Judged, Protocol):
 
     @property
     def result(self) -> EvalResult | None: ...
+
+
+def _checks(attempts: Sequence[Attempted]) -> list[CorrectnessReport]:
+    return [a.result.correctness for a in attempts if a.result is not None and a.result.correctness is not None]
+
+
+def _general(correct: Attempted | None, attempts: Sequence[Attempted]) -> bool | None:
+    """The best correct kernel's generality; False without one where the variants were on."""
+    checks = _checks(attempts)
+    if correct is not None and correct.result is not None and correct.result.correctness is not None:
+        shapes = correct.result.correctness.shapes
+        if shapes is not None:
+            return shapes.general
+    # A check that failed before its variants says they were on (CorrectnessReport.shapes.reached).
+    return False if correct is None and any(c.shapes is not None for c in checks) else None
+
+
+def _degenerate(attempts: Sequence[Attempted]) -> str | None:
+    """The reference's degeneracy as any evaluation found it (a task's reference is the same for every turn)."""
+    found = [c.degenerate for c in _checks(attempts) if c.degenerate is not None]
+    return next((d for d in found if d), found[0] if found else None)
 
 
 def _within_noise(attempt: Attempted | None) -> bool | None:
@@ -137,4 +166,6 @@ def trajectory_record(
         precision=trajectory.precision,
         tolerance=tolerance,
         allow_tf32=allow_tf32,
+        best_general=_general(correct, attempts),
+        degenerate=_degenerate(attempts),
     )

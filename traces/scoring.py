@@ -66,18 +66,31 @@ class GroupScores(BaseModel):
     fast_1_within_noise: int = 0
     """fast_1 trajectories (sample 0) whose speedup lies inside the task's A/A noise band: counted
     in fast_1, but "no difference from the reference" the timing could show."""
+    general: float | None = None
+    """Share of tasks whose best kernel is correct and passed every shape and init variant that
+    applies (TrajectoryRecord.best_general; its interval under intervals["general"]); None where
+    the variants were off for the whole group (or the results predate them)."""
+    degenerate_tasks: list[str] = []
+    """The group's tasks whose reference measures nothing (TrajectoryRecord.degenerate): a correct
+    kernel there needs no computing; the tables mark them."""
 
     def estimates(self) -> dict[str, Estimate]:
-        """The intervals, or the bare values for scores made without them."""
+        """The intervals, or the bare values for scores made without them; `general` always (no value
+        where the variants were off)."""
         if self.intervals:
-            return self.intervals
+            return {**self.intervals, "general": self.intervals.get("general", Estimate(value=self.general, n=self.tasks))}
         bare = {f"fast_{p}": Estimate(value=v, n=self.tasks) for p, v in self.fast_p.items()}
         return {
             **bare,
             "correct": Estimate(value=self.correct, n=self.tasks),
+            "general": Estimate(value=self.general, n=self.tasks),
             "compiled": Estimate(value=self.compiled, n=self.tasks),
             "geomean": Estimate(value=self.geomean_speedup),
         }
+
+    def general_estimate(self) -> Estimate:
+        """The general share with its interval: "-" (no value) where the variants were off."""
+        return self.estimates()["general"]
 
 
 class StrategyScores(BaseModel):
@@ -129,6 +142,16 @@ def rate_hits() -> dict[str, Callable[[TrajectoryRecord], bool]]:
     hits["correct"] = lambda r: r.correct
     hits["compiled"] = lambda r: r.compiled
     return hits
+
+
+def is_general(record: TrajectoryRecord) -> bool:
+    """Correct, and its best kernel passed every shape and init variant that applies: what `general` counts."""
+    return record.best_general is True
+
+
+def has_general(records: Sequence[TrajectoryRecord]) -> bool:
+    """Any of the records was checked on shape and init variants (else `general` is "-", not 0)."""
+    return any(r.best_general is not None for r in records)
 
 
 def correct_speedups(records: Sequence[TrajectoryRecord]) -> list[float]:
@@ -246,6 +269,11 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
             per_task = [[_outcome(r) for r in group if r.task == t] for t in tasks]
             for k in range(1, samples + 1):
                 at_k[str(k)] = {f"{p:g}": fast_p_at_k(per_task, p, k, total=len(tasks)) for p in P_VALUES}
+        intervals = unit_estimates([[r for r in group if r.task == t] for t in tasks])
+        general = None
+        if has_general(group):
+            general = sum(1 for r in first if is_general(r)) / len(tasks)
+            intervals["general"] = rate_estimate([[is_general(r) for r in group if r.task == t] for t in tasks])
         scores.append(
             GroupScores(
                 level=level,
@@ -260,13 +288,15 @@ def score(records: list[TrajectoryRecord]) -> list[GroupScores]:
                 fast1_by_turn=[e.value or 0.0 for e in fast1_curve],
                 strategy=strategy,
                 samples=samples,
-                intervals=unit_estimates([[r for r in group if r.task == t] for t in tasks]),
+                intervals=intervals,
                 fast1_by_turn_intervals=fast1_curve,
                 correct_by_turn=_by_turn(first, tasks, _correct_within),
                 precision=precision,
                 tolerance=numerics.tolerance,
                 allow_tf32=numerics.allow_tf32,
                 fast_1_within_noise=sum(1 for r in first if _faster_than(1.0)(r) and r.best_within_noise),
+                general=general,
+                degenerate_tasks=sorted({r.task for r in group if r.degenerate}),
             )
         )
     return scores

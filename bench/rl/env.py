@@ -59,15 +59,22 @@ class RewardChannels(Frozen):
     """Reference time / candidate time, when correct; None otherwise."""
     hack: bool
     """A guard rejected the candidate (EvalStatus.REJECTED: the static check or a timing guard)."""
+    general: bool | None = None
+    """Correct, and correct on every shape and init variant of the task's constants that applies
+    (CorrectnessReport.shapes): not specialised to the task's sizes. False for a candidate that
+    failed its correctness check with the variants on; None where no correctness check ran or the
+    variants were off (EvalConfig.shapes "off")."""
 
     @classmethod
     def of(cls, result: EvalResult | None, correct: bool, speedup: float | None) -> RewardChannels:
         status = result.status if result is not None else None
+        shapes = result.correctness.shapes if result is not None and result.correctness is not None else None
         return cls(
             compiled=status is not None and status.compiled,
             correct=correct,
             speedup=speedup,
             hack=status is EvalStatus.REJECTED,
+            general=(correct and shapes.general) if shapes is not None else None,
         )
 
 
@@ -75,18 +82,24 @@ class RewardWeights(Frozen):
     """How `combine` folds the channels into the scalar reward:
 
         reward = compiled·w_compiled + correct·w_correct + log2(speedup)·w_speedup (correct only) − hack·w_hack
+                 + general·w_general
 
     log2 makes a 2× speedup and a 2× slowdown equal and opposite; a correct but slower kernel still
     earns more than an incorrect one while it is within a factor 2^(w_correct/w_speedup) of the
-    reference (4× by default). A hack scores below every honest failure, a reply without code included."""
+    reference (4× by default). A hack scores below every honest failure, a reply without code included.
+    w_general is 0 by default, so the scalar is KernelBench's notion of correct; a trainer that wants
+    kernels general across sizes raises it (or evaluates with eval.shapes = "require", where a kernel
+    failing a variant is not correct at all)."""
 
     compiled: float = 0.1
     correct: float = 1.0
     speedup: float = 0.5
     hack: float = 1.0
+    general: float = 0.0
 
     def combine(self, channels: RewardChannels) -> float:
         reward = self.compiled * channels.compiled + self.correct * channels.correct - self.hack * channels.hack
+        reward += self.general * (channels.general is True)
         if channels.correct and channels.speedup is not None and channels.speedup > 0:
             reward += self.speedup * math.log2(channels.speedup)
         return reward

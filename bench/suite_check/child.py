@@ -2,7 +2,8 @@
 
 kernel_refinery.bench.suite_check.run writes WORKDIR/job.json and the task's program as WORKDIR/task.py. This process
 imports the task, builds its model and inputs (seeded) on the CPU, moves them to the device, and
-times the forward under no_grad, eager and then compiled. It rewrites WORKDIR/result.json at each
+times the forward under no_grad, eager; then it runs the model on a few more input sets and judges
+whether its outputs vary at all (tools/steps/degenerate.py); then it times the compiled forward. It rewrites WORKDIR/result.json at each
 stage, so that whatever ends it (a signal, the parent's timeout) leaves the stage it reached and
 the times it already took. A Python exception is recorded there with its status; the process
 then exits 0, and anything else that ends it is for the parent to describe.
@@ -28,6 +29,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from kernel_refinery.bench.suite_check.types import JOB_FILE, RESULT_FILE, TASK_FILE, Stage, Status
+from kernel_refinery.tools.steps.degenerate import PROBE_INPUTS, probe
 from kernel_refinery.tools.steps.timing import Timer
 
 WARMUP_CALLS = 3
@@ -67,10 +69,16 @@ def main(argv: list[str] | None = None) -> int:
         report.update(stage=stage)
         timer = Timer(device)
         baseline = _allocated(device)
-        model, inputs = _build(module, device, int(job["seed"]))
-        stage = Stage.EAGER
-        report.update(stage=stage)
-        report.update(eager=_measure(model, inputs, timer, device, baseline, float(job["budget_s"])))
+        # Inputs for the timed calls only where something is timed: a task's inputs can take gigabytes.
+        model, inputs = _build(module, device, int(job["seed"]), with_inputs=bool(job.get("time", True) or job["compile"]))
+        if job.get("time", True):
+            stage = Stage.EAGER
+            report.update(stage=stage)
+            report.update(eager=_measure(model, inputs, timer, device, baseline, float(job["budget_s"])))
+        if job.get("probe", True):
+            stage = Stage.PROBE
+            report.update(stage=stage)
+            report.update(degenerate=_probe(module, model, device, int(job["seed"]), float(job["tolerance"])))
         if job["compile"]:
             stage = Stage.COMPILE
             report.update(stage=stage)
@@ -124,14 +132,31 @@ def _import(path: Path) -> ModuleType:
     return module
 
 
-def _build(module: ModuleType, device: torch.device, seed: int) -> tuple[torch.nn.Module, list[Any]]:
+def _build(module: ModuleType, device: torch.device, seed: int, with_inputs: bool = True) -> tuple[torch.nn.Module, list[Any]]:
     """Model and inputs as KernelBench makes them: seeded, on the CPU, then moved to the device."""
     torch.manual_seed(seed)
     model = module.Model(*module.get_init_inputs())
     torch.manual_seed(seed)
-    inputs = list(module.get_inputs())
+    inputs = list(module.get_inputs()) if with_inputs else []
     moved = tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
     return model.to(device), moved
+
+
+def _probe(module: ModuleType, model: torch.nn.Module, device: torch.device, seed: int, tolerance: float) -> dict[str, str] | None:
+    """The model on PROBE_INPUTS more input sets (seeds after the timed one's), in eval mode as the
+    evaluator runs it: its outputs' degeneracy, or None where they vary."""
+
+    def input_set(k: int) -> list[Any]:
+        torch.manual_seed(seed + 1 + k)
+        return list(tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, list(module.get_inputs())))
+
+    training = model.training
+    model.eval()
+    try:
+        found = probe(model, (input_set(k) for k in range(PROBE_INPUTS)), tolerance, tolerance)
+    finally:
+        model.train(training)
+    return {"kind": found.kind, "detail": found.detail} if found is not None else None
 
 
 def _sync(device: torch.device) -> None:

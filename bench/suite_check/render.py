@@ -7,7 +7,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kernel_refinery.bench.suite_check.types import CheckOptions, Status, TaskCheck, Timing
+from kernel_refinery.bench.suite_check.types import CheckOptions, Stage, Status, TaskCheck, Timing
+from kernel_refinery.tools.steps.degenerate import KIND_TEXT, PROBE_INPUTS
 
 _STATUS_LABEL = {
     Status.OK: "ok",
@@ -47,6 +48,15 @@ def _peak(row: TaskCheck) -> str:
     return f"{max(peaks):.0f}" if peaks else "-"
 
 
+def _outputs(row: TaskCheck, options: CheckOptions) -> Text:
+    """What the probe found of the reference's outputs: `varies`, or how they are degenerate."""
+    if not options.probe:
+        return Text("off")
+    if row.degenerate:
+        return Text(KIND_TEXT[row.degenerate], style="yellow")
+    return Text("varies" if row.stage in (Stage.COMPILE, Stage.DONE) else "-")
+
+
 def _label(status: Status) -> Text:
     return Text(_STATUS_LABEL[status], style=_STATUS_STYLE.get(status, "red"))
 
@@ -70,6 +80,8 @@ def print_progress(console: Console, row: TaskCheck, done: int, total: int) -> N
             line.append(f"  {name} {ms_text(timing.median_ms)} ms")
     if row.compile_s is not None:
         line.append(f" (compiled in {row.compile_s:.0f} s)")
+    if row.degenerate:
+        line.append(f"  degenerate: {KIND_TEXT[row.degenerate]}", style="yellow")
     line.append(f"  {row.wall_s:.0f} s")
     if row.message:
         line.append(f"  {row.message}")
@@ -87,17 +99,24 @@ def print_table(console: Console, rows: list[TaskCheck], options: CheckOptions) 
     table.add_column("eager ms", justify="right")
     table.add_column("compiled ms", justify="right")
     table.add_column("peak MB", justify="right")
+    table.add_column("outputs", no_wrap=True)
     table.add_column("status", no_wrap=True)
     for row in rows:
         table.add_row(
             str(row.level),
             row.name,
-            _timing(row.eager, row, compiled=False),
+            _timing(row.eager, row, compiled=False) if options.time else "off",
             _timing(row.compiled, row, compiled=True) if options.compile else "off",
             _peak(row),
+            _outputs(row, options),
             _label(row.status),
         )
     console.print(table)
+    degenerate = [row for row in rows if row.degenerate]
+    if degenerate:
+        console.print(f"[bold]Degenerate references[/] (outputs on {PROBE_INPUTS} random inputs that a kernel needs no computing to match)")
+        for row in degenerate:
+            console.print(Text(f"{row.key}: {KIND_TEXT[row.degenerate]}: {row.degenerate_detail}"), highlight=False)
     failed = [row for row in rows if row.status is not Status.OK]
     if failed:
         console.print("[bold]Why[/]")
@@ -110,6 +129,13 @@ def print_table(console: Console, rows: list[TaskCheck], options: CheckOptions) 
 def print_summary(console: Console, rows: list[TaskCheck], options: CheckOptions) -> None:
     counts = {status: sum(row.status is status for row in rows) for status in Status}
     console.print(f"\n[bold]{counts[Status.OK]} of {len(rows)} tasks ok[/]", highlight=False)
+    if options.probe:
+        flagged = sum(1 for row in rows if row.degenerate)
+        console.print(
+            f"{flagged} degenerate: the reference's outputs are all zeros, one constant, or the same on every input "
+            f"within atol = rtol = {options.tolerance:g}",
+            highlight=False,
+        )
     if counts[Status.OK] < len(rows):
         table = Table(box=None, pad_edge=False)
         table.add_column("not ok")

@@ -167,6 +167,9 @@ def _start(task: TaskFile, options: CheckOptions, env: dict[str, str]) -> TaskCh
         "compile": options.compile,
         "budget_s": options.budget_s,
         "seed": options.seed,
+        "time": options.time,
+        "probe": options.probe,
+        "tolerance": options.tolerance,
         "threads": int(env["OMP_NUM_THREADS"]) if env["OMP_NUM_THREADS"].isdigit() else 1,
         "parent_pid": os.getpid(),
     }
@@ -275,6 +278,9 @@ def _row(task: TaskFile, status: Status, stage: Stage, message: str, result: dic
         found = result.get(name)
         return Timing(**found) if isinstance(found, dict) else None
 
+    degenerate = result.get("degenerate")
+    kind, detail = (str(degenerate["kind"]), str(degenerate["detail"])) if isinstance(degenerate, dict) else ("", "")
+
     return TaskCheck(
         key=task.key,
         level=task.level,
@@ -290,6 +296,8 @@ def _row(task: TaskFile, status: Status, stage: Stage, message: str, result: dic
         device_name=str(result.get("device_name", "")),
         torch_version=str(result.get("torch", "")),
         log_tail=printed,
+        degenerate=kind,
+        degenerate_detail=detail,
     )
 
 
@@ -380,7 +388,14 @@ class JsonReport:
         counts: dict[str, int] = {}
         for row in self.rows:
             counts[row.status.value] = counts.get(row.status.value, 0) + 1
-        report = {**self.head, "complete": len(self.rows) == self.head["tasks"], "counts": counts, "rows": [asdict(r) for r in self.rows]}
+        degenerate = {row.key: row.degenerate for row in self.rows if row.degenerate}
+        report = {
+            **self.head,
+            "complete": len(self.rows) == self.head["tasks"],
+            "counts": counts,
+            "degenerate": degenerate,
+            "rows": [asdict(r) for r in self.rows],
+        }
         partial = self.path.with_name(self.path.name + ".partial")
         try:
             partial.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -42,6 +42,8 @@ class Stage(str, Enum):
     INIT = "init"
     """get_init_inputs, Model(...), get_inputs, and moving all of it to the device."""
     EAGER = "eager"
+    PROBE = "probe"
+    """The reference on a few more random inputs: do its outputs vary (tools/steps/degenerate.py)?"""
     COMPILE = "compile"
     DONE = "done"
 
@@ -78,6 +80,11 @@ class TaskCheck:
     torch_version: str = ""
     log_tail: str = ""
     """The end of what the task's process printed, for a failure."""
+    degenerate: str = ""
+    """zeros, constant or input_independent where the reference's outputs on a few random inputs
+    measure nothing (tools/steps/degenerate.py); "" where they vary, or where it was not probed."""
+    degenerate_detail: str = ""
+    """One line: what the outputs were."""
 
 
 @dataclass(frozen=True)
@@ -90,3 +97,9 @@ class CheckOptions:
     budget_s: float = 1.0
     """About this long of timed calls per side, within the child's bounds on the number of calls."""
     seed: int = 0
+    time: bool = True
+    """Time the eager reference (off: only build it and probe its outputs)."""
+    probe: bool = True
+    """Run the reference on a few more random inputs and flag outputs that do not vary."""
+    tolerance: float = 1e-4
+    """atol = rtol for the probe: what a candidate's output is held to (the evaluator's fp32 default)."""

@@ -169,6 +169,9 @@ class Build:
     role: Role = "candidate"
     specs: tuple[Spec, ...] = ()
     """The null model's outputs."""
+    overrides: tuple[tuple[str, Any], ...] = ()
+    """The task's module-level constants set to other values first (a shape or init variant,
+    tools/steps/task_constants.py): the runner builds from the task with these."""
 
 
 @dataclass(frozen=True)

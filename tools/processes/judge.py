@@ -60,6 +60,7 @@ from kernel_refinery.tools.stages import STEP, steps_in
 from kernel_refinery.tools.steps.aten_ops import OpRecorder
 from kernel_refinery.tools.steps.baseline_cache import store_for
 from kernel_refinery.tools.steps.correctness import check_correctness, compare, verify_after_timing
+from kernel_refinery.tools.steps.shape_variants import warm_meta
 from kernel_refinery.tools.steps.timing_stage import (
     Baseline,
     JudgedTiming,
@@ -259,7 +260,10 @@ def run_job(state: JudgeState, job: EvalJob, link: RunnerLink, parent: Connectio
     stage = steps_in("judge")[0]  # a failure before the first step is reported as the first step's
     first_seed = cfg.seed + _salt()
     try:
-        program = Program(state.task(job), None, state.device, dtype=getattr(torch, cfg.dtype_name), build=link.build, input_salt=_salt())
+        task, dtype = state.task(job), getattr(torch, cfg.dtype_name)
+        program = Program(
+            task, None, state.device, dtype=dtype, build=link.build_candidate, input_salt=_salt(), task_source=job.task_source
+        )
         run = Judged(state, job, program, first_seed, JudgeQuiet(state, cfg, parent, runner_pid))
         for stage in [s for s in steps_in("judge") if s in job.stages]:
             started = time.perf_counter()
@@ -300,6 +304,7 @@ def warm_up(device: torch.device) -> None:
 
     with torch.no_grad(), OpRecorder():  # its first use imports torch._dynamo: most of a second
         torch.zeros(1)
+    warm_meta()  # the shape variants' probes of the reference (tools/steps/shape_variants.py)
     with torch.no_grad():
         a = torch.rand(256, 256, device=device)
         b = torch.randn(256, 256, device=device)

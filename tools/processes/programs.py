@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from kernel_refinery.tools.processes.jobs import source_hash
+from kernel_refinery.tools.steps.task_constants import Overrides, with_constants
 
 
 def import_source(source: str, kind: str, workdir: Path) -> ModuleType:
@@ -92,11 +94,23 @@ class Program:
     device: torch.device
     dtype: torch.dtype = torch.float32
     """Floating-point inputs, parameters and buffers are cast to this (the run's precision)."""
-    build: Callable[[int], Any] | None = None
-    """The judge's way to a ModelNew: construct one in the candidate's process from a seed."""
+    build: Callable[[int, Overrides], Any] | None = None
+    """The judge's way to a ModelNew: construct one in the candidate's process from a seed (and the
+    task's constants a variant sets)."""
     input_salt: int = 0
     """Added to every input seed; drawn from the OS per job by the judge and never sent to the
     candidate's process, which can therefore not work out the inputs from a model's seed."""
+    task_source: str = ""
+    """The task's program text, from which `variant` makes the task with other constants."""
+    overrides: Overrides = ()
+    """The task's constants this program's task module sets otherwise than the file (a shape or
+    init variant, tools/steps/shape_variants.py); empty for the task as written."""
+
+    def variant(self, overrides: Overrides) -> Program:
+        """The same program on the task with these constants set otherwise (tools/steps/task_constants.py)."""
+        source = with_constants(self.task_source, overrides)
+        task = import_source(source, "task", Path(str(self.task.__file__)).parent) if overrides else self.task
+        return dataclasses.replace(self, task=task, overrides=overrides)
 
     def init_inputs(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
@@ -129,7 +143,7 @@ class Program:
 
     def new_model(self, seed: int, reference: nn.Module | None = None) -> Any:
         if self.build is not None:
-            return self.build(seed)
+            return self.build(seed, self.overrides)
         assert self.candidate is not None
         init = self.init_inputs(seed)
         torch.manual_seed(seed)

@@ -47,6 +47,10 @@ class RunnerGone(Exception):
     """The candidate's process closed its end (it died, or the parent killed it)."""
 
 
+class NoKernel(Rejected):
+    """A call ran none of the candidate's compiled kernels (on a shape variant: a PyTorch fallback)."""
+
+
 def _state_rejection(changes: Sequence[str], when: str) -> Rejected:
     return Rejected(
         f"{when}, the candidate changed settings the evaluation pins: {'; '.join(changes)}; "
@@ -86,12 +90,18 @@ class RunnerLink:
             raise StageFailed(EvalStatus(reply.status), reply.message, fatal=reply.fatal)
         return reply
 
-    def build(self, seed: int, role: Role = "candidate", specs: tuple[Spec, ...] = ()) -> RemoteModel:
-        reply = self.request(Build(seed, role, specs))
+    def build(
+        self, seed: int, role: Role = "candidate", specs: tuple[Spec, ...] = (), overrides: tuple[tuple[str, Any], ...] = ()
+    ) -> RemoteModel:
+        reply = self.request(Build(seed, role, specs, overrides))
         assert isinstance(reply, Built)
         if reply.state_changes:
             raise _state_rejection(reply.state_changes, "in ModelNew's constructor")
         return RemoteModel(self, reply.model, candidate=role == "candidate")
+
+    def build_candidate(self, seed: int, overrides: tuple[tuple[str, Any], ...] = ()) -> RemoteModel:
+        """ModelNew, built in the candidate's runner (from the task with `overrides`: a shape or init variant)."""
+        return self.build(seed, overrides=overrides)
 
     def load_task(self, source: str, dtype: str, allow_tf32: bool) -> None:
         """The reference runner: load the task program (once per task and precision)."""
@@ -230,7 +240,7 @@ class RemoteModel:
 
     def _kernels(self, calls: int, wanted: int) -> None:
         if self.candidate and calls < wanted:
-            raise Rejected("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
+            raise NoKernel("ModelNew.forward did not call any compiled kernel; the work must be done by a custom kernel")
 
     def hand_over(
         self,

@@ -157,7 +157,7 @@ def _load(state: WorkerState, job: EvalJob) -> Loaded:
         candidate = import_source(job.candidate_source, "candidate", state.workdir)
         if not hasattr(candidate, "ModelNew"):
             raise StageFailed(EvalStatus.COMPILE_ERROR, "the candidate defines no ModelNew class")
-        program = Program(task, candidate, state.device, dtype=getattr(torch, job.config.dtype_name))
+        program = Program(task, candidate, state.device, dtype=getattr(torch, job.config.dtype_name), task_source=job.task_source)
         # Kernels built in __init__ compile here, not inside a timed call.
         program.new_model(job.config.seed)
     except CompileFailed as exc:
@@ -355,6 +355,8 @@ def _answer(state: WorkerState, request: object) -> object:
     assert state.loaded is not None
     program = state.loaded.program
     if isinstance(request, Build):
+        if request.overrides:
+            program = program.variant(request.overrides)
         state.models[len(state.models)] = _build(state, program, request)
         return Built(len(state.models) - 1, state.state_changes())
     if isinstance(request, Call):

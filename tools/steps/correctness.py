@@ -16,32 +16,43 @@ Guards, each with a test:
   from other distributions (a signed standard normal, and the same times 4): an identity "ReLU"
   passes on `torch.rand` inputs, never on signed ones;
 - the share of the forward's compute time spent in the candidate's own kernels: a decoy kernel
-  beside PyTorch operators that do the work is rejected.
+  beside PyTorch operators that do the work is rejected;
+- last, shape and init variants (EvalConfig.shapes): other values of the task's module-level
+  constants, chosen in tools/steps/shape_variants.py, each a fresh reference and ModelNew built
+  with them and one call; a kernel specialised to the task's own sizes fails one. Recorded in
+  `CorrectnessReport.shapes`; only "require" makes a failure the verdict's. Beside them, whether
+  the reference itself measures anything (tools/steps/degenerate.py), judged on the trials' own
+  reference calls.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal, Self
 
 import structlog
 import torch
 
 from kernel_refinery.tools.config import REDUCED_PRECISION_TOLERANCE, EvalConfig
 from kernel_refinery.tools.processes.channel import Spec
-from kernel_refinery.tools.processes.jobs import Rejected
+from kernel_refinery.tools.processes.jobs import Rejected, StageFailed
 from kernel_refinery.tools.processes.programs import Program, clone_args, tensors_of
-from kernel_refinery.tools.processes.remote import RemoteModel
+from kernel_refinery.tools.processes.remote import NoKernel, RemoteModel
 from kernel_refinery.tools.results import (
     CorrectnessReport,
     DistributionOutcome,
     KernelShare,
     Mismatch,
+    ShapeVariant,
+    ShapeVariantsReport,
     TrialOutcome,
+    VariantStatus,
 )
 from kernel_refinery.tools.steps.aten_ops import NON_COMPUTE, OpRecorder, synchronize
+from kernel_refinery.tools.steps.degenerate import SpreadProbe, combine
+from kernel_refinery.tools.steps.shape_variants import Plan, Structure, resolve, settle, short, structure
 
 log = structlog.get_logger()
 
@@ -217,27 +228,43 @@ def _judge_call(
     cfg: EvalConfig,
     record_ops: bool,
     atol_by_rms: bool = False,
+    spread: SpreadProbe | None = None,
 ) -> tuple[Comparison, set[str], set[str]]:
     """One reference call here and one candidate call in its own process, on the same inputs;
-    the runner's outputs are compared here, and every guard applied (see tools/processes/remote.py)."""
+    the runner's outputs are compared here, and every guard applied (see tools/processes/remote.py).
+    `spread` sees the reference's outputs (does the reference measure anything?)."""
+    expected, ref_ops = _reference_outputs(program, ref_model, inputs, record_ops)
+    if spread is not None:
+        spread.add(expected)
+    cmp, new_ops = _candidate_against(new_model, inputs, expected, cfg, record_ops, atol_by_rms)
+    return cmp, ref_ops, new_ops
+
+
+def _reference_outputs(program: Program, ref_model: Any, inputs: list[Any], record_ops: bool) -> tuple[list[torch.Tensor], set[str]]:
     with torch.no_grad():
         with OpRecorder() if record_ops else _Null() as rec:
             ref_out = ref_model(*clone_args(inputs))
         ref_ops = set(rec.ops) if record_ops else set()
         synchronize(program.device)
-    expected = [t.detach() for t in tensors_of(ref_out)]
+    return [t.detach() for t in tensors_of(ref_out)], ref_ops
+
+
+def _candidate_against(
+    new_model: RemoteModel, inputs: list[Any], expected: list[torch.Tensor], cfg: EvalConfig, record_ops: bool, atol_by_rms: bool = False
+) -> tuple[Comparison, set[str]]:
+    """The candidate's call on `inputs`, its outputs compared with the reference's `expected`."""
     call, actual = new_model.call(inputs, tuple(Spec.of(t) for t in expected), record_ops=record_ops)
     new_ops = set(call.reply.ops)
     if call.mismatch:
-        return Comparison(False, call.mismatch, 0, 0, 0, ()), ref_ops, new_ops
+        return Comparison(False, call.mismatch, 0, 0, 0, ()), new_ops
     worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
     for i, (exp, act) in enumerate(zip(expected, actual, strict=True)):
         cmp = compare(exp, act, cfg, which="output" if len(expected) == 1 else f"output {i}", atol_by_rms=atol_by_rms)
         if not cmp.passed:
-            return cmp, ref_ops, new_ops
+            return cmp, new_ops
         if cmp.max_abs >= worst.max_abs:
             worst = cmp
-    return worst, ref_ops, new_ops
+    return worst, new_ops
 
 
 class _Null:
@@ -250,9 +277,12 @@ class _Null:
         return None
 
 
-def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, record_ops: bool) -> tuple[TrialOutcome, set[str], set[str]]:
+def run_trial(
+    program: Program, cfg: EvalConfig, trial: int, seed: int, record_ops: bool, spread: SpreadProbe | None = None
+) -> tuple[TrialOutcome, set[str], set[str]]:
     """Fresh weights from the trial's seed, then two calls of the same instance on two fresh
-    input sets: an output cached inside the instance fails the second call."""
+    input sets: an output cached inside the instance fails the second call. `spread`, where given,
+    judges the reference's two outputs: do they vary at all (tools/steps/degenerate.py)?"""
     ref_model = program.reference(seed)
     new_model = program.new_model(seed, reference=ref_model)
     ref_ops: set[str] = set()
@@ -260,7 +290,7 @@ def run_trial(program: Program, cfg: EvalConfig, trial: int, seed: int, record_o
     worst = Comparison(True, "", 0.0, 0.0, 0.0, ())
     for call, input_seed in enumerate((seed + 1_000_003, seed + 2_000_003)):
         inputs = program.inputs(input_seed)
-        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, record_ops and call == 0)
+        cmp, r_ops, n_ops = _judge_call(program, ref_model, new_model, inputs, cfg, record_ops and call == 0, spread=spread)
         ref_ops |= r_ops
         new_ops |= n_ops
         if not cmp.passed:
@@ -334,6 +364,106 @@ def kernel_share(program: Program, cfg: EvalConfig, reference_ops: set[str]) -> 
     return share
 
 
+def _variant(plan: Plan, status: VariantStatus, reason: str = "") -> ShapeVariant:
+    return ShapeVariant(name=plan.name, kind=plan.kind, overrides=dict(plan.overrides), status=status, reason=reason)
+
+
+def _variant_outcome(program: Program, cfg: EvalConfig, plan: Plan, own: Structure | None, seed: int) -> ShapeVariant:
+    """A fresh reference and ModelNew built with the variant's constants, one call on inputs drawn with them."""
+
+    def outcome(status: VariantStatus, reason: str = "", cmp: Comparison | None = None) -> ShapeVariant:
+        found = _variant(plan, status, reason)
+        if cmp is None:
+            return found
+        update = {"max_abs_diff": cmp.max_abs, "mean_abs_diff": cmp.mean_abs, "rel_l2": cmp.rel_l2, "mismatches": cmp.mismatches}
+        return found.model_copy(update=update)
+
+    refused = ""
+    for overrides in (plan.overrides, *plan.fallbacks):
+        try:
+            variant = program.variant(overrides)
+            inputs = variant.inputs(seed + 1_000_003)
+            expected, _ = _reference_outputs(variant, variant.reference(seed), inputs, record_ops=False)
+        except Exception as exc:  # noqa: BLE001 - the reference may refuse values it was not written for
+            refused = refused or f"the reference raised {short(exc)}"
+            continue
+        if own is not None and structure(expected) != own:
+            refused = refused or "the reference's outputs change structure (count, dtype or rank)"
+            continue
+        if plan.fallbacks:  # unverified on the meta device: what ran is kept for the task's later candidates
+            plan = replace(plan, overrides=overrides, fallbacks=())
+            settle(program, plan)
+        break
+    else:
+        if plan.fallbacks:
+            plan = replace(plan, fallbacks=(), skip=refused)
+            settle(program, plan)
+        return outcome("not_applicable", refused)
+    if not _all_finite(expected):
+        return outcome("not_applicable", "the reference gives non-finite values there")
+    try:
+        cmp, _ = _candidate_against(variant.new_model(seed), inputs, expected, cfg, record_ops=False)
+    except NoKernel:
+        return outcome("fallback", "ModelNew.forward ran none of its compiled kernels there: a PyTorch fallback for other sizes")
+    except StageFailed as exc:
+        if exc.fatal:
+            raise  # the candidate's process is gone (a CUDA fault): nothing more can run in it
+        first = next((line for line in exc.message.splitlines() if line.strip()), exc.status.value)
+        return outcome("crashed", f"{exc.status.value}: {first.strip()[:300]}")
+    if cmp.passed:
+        return outcome("passed", cmp=cmp)
+    return outcome("wrong", cmp.reason, cmp)
+
+
+def check_variants(program: Program, cfg: EvalConfig, first_seed: int) -> ShapeVariantsReport:
+    """The candidate on the task's shape and init variants (tools/steps/shape_variants.py), in order;
+    after the first that fails, the rest are not run."""
+    started = time.perf_counter()
+    variants = resolve(program)
+    own = variants.structure
+    if own is None and any(not p.skip for p in variants.plans):
+        # The meta device could not give the task's own outputs' structure: one real call does.
+        seed = first_seed + 13_000_003
+        try:
+            own = structure(_reference_outputs(program, program.reference(seed), program.inputs(seed), record_ops=False)[0])
+            settle(program, None, own)
+        except Exception as exc:  # noqa: BLE001 - the trials ran this reference: it does not raise here in practice
+            log.info("variants_base_structure_failed", reason=short(exc))
+    outcomes: list[ShapeVariant] = []
+    for k, plan in enumerate(variants.plans):
+        if plan.skip:
+            outcomes.append(_variant(plan, "not_applicable", plan.skip))
+        elif any(o.failed for o in outcomes):
+            outcomes.append(_variant(plan, "not_run", "an earlier variant failed"))
+        else:
+            outcomes.append(_variant_outcome(program, cfg, plan, own, first_seed + 13_000_003 * (k + 1)))
+    mode = "require" if cfg.shapes == "require" else "report"
+    return ShapeVariantsReport(mode=mode, constants=variants.constants, variants=tuple(outcomes), seconds=time.perf_counter() - started)
+
+
+def _required(report: CorrectnessReport) -> CorrectnessReport:
+    """With EvalConfig.shapes "require": a failed variant fails the check, its diff named (a PyTorch
+    fallback there is rejected, as one on the task's own inputs is)."""
+    shapes = report.shapes
+    failure = shapes.failure if shapes is not None else None
+    if shapes is None or failure is None:
+        return report
+    own = ", ".join(f"{k}={shapes.constants[k]}" for k in failure.overrides if k in shapes.constants)
+    where = f"on the {failure.kind} variant {failure.label()} of the task's constants (its own: {own})"
+    if failure.status == "fallback":
+        raise Rejected(f"{where}: {failure.reason}; the kernel must handle other sizes itself (eval.shapes = require)")
+    return report.model_copy(
+        update={
+            "passed": False,
+            "reason": f"{where}: {failure.reason}",
+            "max_abs_diff": failure.max_abs_diff,
+            "mean_abs_diff": failure.mean_abs_diff,
+            "rel_l2": failure.rel_l2,
+            "mismatches": failure.mismatches,
+        }
+    )
+
+
 def check_correctness(
     program: Program, cfg: EvalConfig, trials: int | None = None, first_seed: int | None = None, full: bool = True
 ) -> CorrectnessReport:
@@ -348,6 +478,19 @@ def check_correctness(
     outcomes: list[TrialOutcome] = []
     torch_ops: set[str] = set()
     reference_ops: set[str] = set()
+    variants_on = full and cfg.shapes != "off"
+    mode: Literal["report", "require"] = "require" if cfg.shapes == "require" else "report"
+    # Whether the reference measures anything, from the trials' own reference calls (two input sets
+    # per model): nothing more is run for it.
+    spreads: list[SpreadProbe] = []
+
+    def degenerate() -> str | None:
+        if not variants_on:
+            return None
+        judged = [s.verdict() for s in spreads if s.sets >= 2]
+        # One trial seen varying settles it (`combine` gives None); later trials were not probed.
+        found = combine(judged, "trials (fresh weights each)") if judged else None
+        return found.describe() if found is not None else ("" if judged else None)
 
     def failed(outcome: TrialOutcome, trial: int | None, distributions: tuple[DistributionOutcome, ...] = ()) -> CorrectnessReport:
         return CorrectnessReport(
@@ -364,11 +507,17 @@ def check_correctness(
             outcomes=tuple(outcomes),
             torch_ops_in_candidate=tuple(sorted(torch_ops)),
             distributions=distributions,
+            shapes=ShapeVariantsReport(mode=mode, reached=False) if variants_on else None,
+            degenerate=degenerate(),
         )
 
     for trial in range(n):
         seed = base + trial
-        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, record_ops=trial == 0)
+        # Until a trial shows the reference varies: after that no trial can make it degenerate.
+        spread = SpreadProbe(tol.atol, tol.rtol) if variants_on and not any(s.varies for s in spreads) else None
+        if spread is not None:
+            spreads.append(spread)
+        outcome, ref_ops, new_ops = run_trial(program, cfg, trial, seed, record_ops=trial == 0, spread=spread)
         if trial == 0:
             torch_ops = new_ops
             reference_ops = ref_ops
@@ -392,8 +541,12 @@ def check_correctness(
         if cfg.guards.min_kernel_share > 0:
             share = kernel_share(program, cfg, reference_ops)
             phases["kernel_share"] = time.perf_counter() - started - sum(phases.values())
+    shapes = None
+    if variants_on:
+        shapes = check_variants(program, cfg, base)
+        phases["variants"] = time.perf_counter() - started - sum(phases.values())
     log.info("correctness_phases", **{k: round(v, 3) for k, v in phases.items()})
-    return CorrectnessReport(
+    report = CorrectnessReport(
         passed=True,
         trials=n,
         atol=tol.atol,
@@ -405,4 +558,7 @@ def check_correctness(
         torch_ops_in_candidate=tuple(sorted(torch_ops)),
         distributions=distributions,
         kernel_share=share,
+        shapes=shapes,
+        degenerate=degenerate(),
     )
+    return _required(report) if cfg.shapes == "require" else report
