@@ -150,29 +150,28 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
     )
 
 
-@pytest.fixture(scope="module")
-def fresh_evaluators(config: EvalConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Evaluator, Evaluator]]:
-    """Two evaluators with baseline caches of their own: each judge times the reference itself."""
-    first = config.model_copy(update={"baseline_cache": False})
-    with Evaluator(first) as a, Evaluator(first) as b:
-        yield a, b
-
-
-def test_loading_the_machine_between_calls_moves_no_time(fresh_evaluators: tuple[Evaluator, Evaluator], kernels: Kernels) -> None:
+def test_loading_the_machine_between_calls_moves_no_time(config: EvalConfig, kernels: Kernels) -> None:
     """Native threads stream memory (on CUDA: launch kernels on a stream of their own) whenever no
     call of the candidate's has run for 2 ms, as while the judge times the reference: the runner is
     stopped then, and the window checked idle (on CUDA, kernels already launched are seen by NVML
-    and the window is timed again). The reference it meets is its honest twin's, and so is its speedup."""
-    loading_ev, honest_ev = fresh_evaluators
-    loading = timing(loading_ev.run(CLOCK_TASK, kernels.build(kernels.loader), RUNTIME))
-    honest = timing(honest_ev.run(CLOCK_TASK, kernels.build(f"return ext.relu_reps(x, {kernels.short})"), RUNTIME))
-    assert honest.noise_band is not None
-    low, high = honest.noise_band
-    ratio = loading.reference.median / honest.reference.median
-    assert low <= ratio <= high, (
-        f"the reference read {loading.reference.median:.4g} ms beside the loader, {honest.reference.median:.4g} ms alone"
+    and the window is timed again). Between two honest twins, each in a judge of its own that times
+    the reference itself (a small VM's speed drifts by a third over a minute, so one twin alone is no
+    yardstick): the reference it meets lies within theirs and the A/A band, and so does its speedup."""
+    fresh = config.model_copy(update={"baseline_cache": False})
+    honest_source = kernels.build(f"return ext.relu_reps(x, {kernels.short})")
+    readings = []
+    for source in (honest_source, kernels.build(kernels.loader), honest_source):
+        with Evaluator(fresh) as ev:
+            readings.append(timing(ev.run(CLOCK_TASK, source, RUNTIME)))
+    before, loading, after = readings
+    assert before.noise_band is not None
+    low, high = before.noise_band
+    references = (before.reference.median, after.reference.median)
+    assert min(references) * low <= loading.reference.median <= max(references) * high, (
+        f"the reference read {loading.reference.median:.4g} ms beside the loader, {references} ms beside its twins"
     )
-    assert loading.speedup == pytest.approx(honest.speedup, rel=0.10)
+    speedups = (before.speedup, after.speedup)
+    assert min(speedups) * 0.9 <= loading.speedup <= max(speedups) * 1.1, (loading.speedup, speedups)
     reference_windows = [w for w in loading.windows if w.what in ("reference", "harness")]
     assert reference_windows and all(w.held >= 1 and w.quiet for w in reference_windows), loading.windows
 
@@ -208,7 +207,7 @@ TINY_TASK = TaskProgram(
                 return torch.relu(x)
 
         def get_inputs():
-            return [torch.randn(64, 1024)]
+            return [torch.randn(64, 4096)]
 
         def get_init_inputs():
             return []
@@ -218,11 +217,12 @@ TINY_TASK = TaskProgram(
 
 
 def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evaluator: Evaluator, kernels: Kernels) -> None:
-    """A ReLU of tens of microseconds: a round trip costs as much, so the judge hands over batches;
-    its speedup agrees, within the A/A band, with both sides timed call by call in one process."""
+    """A ReLU of tens of microseconds on 64 x 4096 (the tests' OpenMP ReLU, as fast as torch's): a
+    round trip costs as much, so the judge hands over batches; its speedup agrees, within the A/A
+    band, with both sides timed call by call in one process, as the harness before timed them."""
     if kernels.device != "cpu":
         pytest.skip("on CUDA: tests/test_gpu.py times a microsecond ReLU against the events method")
-    source = kernels.build("return ext.relu_reps(x, 1)")
+    source = candidate("return ext.relu_fwd(x)")
     report = timing(evaluator.run(TINY_TASK, source, RUNTIME))
     assert report.batch_calls > 1 and report.harness_ms is not None
     namespace: dict[str, object] = {}
@@ -233,7 +233,7 @@ def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evalu
     ref, new = namespace["Model"](), namespace["ModelNew"]()  # type: ignore[operator]  # the classes the exec defined
 
     def make(i: int) -> list[torch.Tensor]:
-        return [torch.randn(64, 1024)]
+        return [torch.randn(64, 4096)]
 
     in_process = [
         statistics.median(timer.time(ref, make, 20, 200).samples_ms) / statistics.median(timer.time(new, make, 20, 200).samples_ms)
