@@ -176,7 +176,7 @@ BATCH_TARGET = 10.0
 MAX_BATCH = 256
 BATCH_BYTES = {"cpu": 256 << 20, "cuda": 512 << 20}
 """At most this many bytes of inputs and outputs in one batch's arenas."""
-HARNESS_TRIALS = 30
+HARNESS_TRIALS = 20
 """Null-model hand-overs measured for the harness's cost, of each size."""
 PROBE_CALLS = 12
 """Hand-overs of one call that estimate the reference's time, to choose K."""
@@ -195,10 +195,10 @@ single-call time, beyond three standard errors of the two medians, before it is 
 
 
 def batches(trials: int, batch: int) -> int:
-    """Timed batches for `trials` asked for, in batches of `batch` calls: as many as asked while a
-    batch is small; fewer, down to MIN_BATCHES, as each batch averages more calls (a batch of 100
-    calls is a steadier sample than one call, and 100 of them would be 10,000 calls)."""
-    return max(min(trials, MIN_BATCHES), min(trials, math.ceil(trials * BATCH_TARGET / batch)))
+    """Timed batches for `trials` asked for, in batches of `batch` calls: about as many calls as
+    asked (a batch of K calls is a steadier sample than one call), and at least MIN_BATCHES batches
+    for the median and its interval."""
+    return min(trials, max(MIN_BATCHES, math.ceil(trials / batch)))
 
 
 MIN_BATCHES = 20
