@@ -29,7 +29,8 @@ from kernel_refinery.tools.steps.timing import Timer
 RUNTIME = (Stage.COMPILE, Stage.CORRECTNESS, Stage.TIMING)
 pytestmark = pytest.mark.alone
 
-HACKS = (FIXTURES / "clock_hacks.cpp").read_text()
+CLOCK_PATCH = (FIXTURES / "clock_patch.inc").read_text()
+HACKS = CLOCK_PATCH + (FIXTURES / "clock_hacks.cpp").read_text()
 CPU_HEADER = f'''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -42,7 +43,7 @@ ext = load_inline(
     extra_cflags=["-O2"],
 )
 '''
-CUDA_HACKS = (FIXTURES / "clock_hacks.cu").read_text()
+CUDA_HACKS = CLOCK_PATCH + (FIXTURES / "clock_hacks.cu").read_text()
 CUDA_HEADER = f'''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

@@ -44,28 +44,17 @@ _KILLED = "the worker was killed (SIGKILL)"
 _WATCH_INTERVAL_S = 0.25
 
 
-_STARTER: ThreadPoolExecutor | None = None
 _STARTER_LOCK = threading.Lock()
+_STARTERS: dict[str, ThreadPoolExecutor] = {}
 
 
-def _starter() -> ThreadPoolExecutor:
-    """Threads that wait for judges to start (the process itself comes from the spawner thread)."""
-    global _STARTER
-    if _STARTER is None:
-        _STARTER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="judge-starter")
-    return _STARTER
-
-
-_SPARES: ThreadPoolExecutor | None = None
-
-
-def _spare_starter() -> ThreadPoolExecutor:
-    """Threads that start spare runners beside the evaluations."""
-    global _SPARES
+def _starter(kind: str) -> ThreadPoolExecutor:
+    """Threads that wait for judges ("judge") or spare runners ("spare") to start, beside the
+    evaluations (the processes themselves come from the spawner thread or the template)."""
     with _STARTER_LOCK:
-        if _SPARES is None:
-            _SPARES = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spare-runner")
-        return _SPARES
+        if kind not in _STARTERS:
+            _STARTERS[kind] = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{kind}-starter")
+        return _STARTERS[kind]
 
 
 @dataclass(frozen=True)
@@ -195,7 +184,7 @@ class Worker:
             "worker_started", pid=self.pid, device=self.device, starts=self.starts, seconds=seconds, runner_steps=steps, spare=spawned.spare
         )
         if self.spares and not self.reference:
-            self._spare = _spare_starter().submit(self._spawn, True)
+            self._spare = _starter("spare").submit(self._spawn, True)
 
     def _take_spare(self) -> _Spawned | None:
         """The spare runner, once it is up; None when there is none or it died waiting."""
@@ -518,7 +507,7 @@ class Judge:
         ready when the candidate's runner has loaded and compiled the candidate."""
         with _STARTER_LOCK:
             if self._starting is None and not self.alive:
-                self._starting = _starter().submit(self.start)
+                self._starting = _starter("judge").submit(self.start)
 
     def _ready(self) -> None:
         with _STARTER_LOCK:
