@@ -133,6 +133,16 @@ class TestCudaHacks:
         record("cuda_fault", {"message": result.message[:300]})
 
 
+def test_runners_fork_from_the_warm_template_on_a_cuda_host(evaluator: Evaluator, relu_task: TaskProgram) -> None:
+    """The template (torch imported, no CUDA context) starts on a CUDA host and the runner of a
+    CUDA candidate is its fork: it once fell back to plain processes there, each start seconds."""
+    result = evaluator.evaluate(relu_task, cuda_candidate(CORRECT))
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert evaluator.worker.template_status == "started", evaluator.worker.template_status
+    assert evaluator.worker.forked, "the runner was started as a plain process, not forked from the template"
+    record("template_on_cuda_host", {"runner_start_s": evaluator.worker.last_start_s, "starts": evaluator.worker.starts})
+
+
 class TestCudaGuards:
     """The guards against stale, aliased, deferred and decoy outputs, on CUDA (see test_guards_cpu)."""
 

@@ -44,14 +44,17 @@ _KILLED = "the worker was killed (SIGKILL)"
 _WATCH_INTERVAL_S = 0.25
 
 
-_STARTER_LOCK = threading.Lock()
+_JUDGE_START_LOCK = threading.Lock()
+"""Guards a judge's start-in-progress (Judge.warm, Judge._ready)."""
 _STARTERS: dict[str, ThreadPoolExecutor] = {}
+_STARTERS_LOCK = threading.Lock()
+"""Guards the pools alone: Judge.warm asks for its pool while it holds _JUDGE_START_LOCK (one lock for both deadlocked)."""
 
 
 def _starter(kind: str) -> ThreadPoolExecutor:
     """Threads that wait for judges ("judge") or spare runners ("spare") to start, beside the
     evaluations (the processes themselves come from the spawner thread or the template)."""
-    with _STARTER_LOCK:
+    with _STARTERS_LOCK:
         if kind not in _STARTERS:
             _STARTERS[kind] = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{kind}-starter")
         return _STARTERS[kind]
@@ -128,6 +131,19 @@ class Worker:
         self._spare: Future[_Spawned] | None = None
         """Fork runners from a warm template (tools/processes/forkserver.py); REFINERY_FORK_TEMPLATE=0 starts each one plainly."""
         self._forkserver: ForkServer | None = None
+        self._template_error = ""
+        self.forked = False
+        """Whether the last runner started was a fork of the warm template (else a plain process)."""
+
+    @property
+    def template_status(self) -> str:
+        """"started" (runners are forks of the warm template), "off" (REFINERY_FORK_TEMPLATE=0, or
+        the judge's reference runner), "not started yet", or "failed: why" (plain processes instead)."""
+        if self._template_error:
+            return f"failed: {self._template_error}"
+        if self._forkserver is not None and self._forkserver.alive:
+            return "started"
+        return "not started yet" if self.use_template else "off"
 
     @property
     def alive(self) -> bool:
@@ -164,6 +180,7 @@ class Worker:
         spawned = self._take_spare() or self._spawn()
         self.proc, self.conn, self.judge_end = spawned.proc, spawned.conn, spawned.judge_end
         self.workdir, self.log_path, self.pid = spawned.workdir, spawned.log_path, spawned.proc.pid
+        self.forked = isinstance(spawned.proc, ForkedChild)
         self.starts += 1
         started = time.monotonic()
         steps = _ready_steps(self.conn)
@@ -262,6 +279,7 @@ class Worker:
                 log.info("template_started", seconds=server.start_seconds, preload_seconds=server.preload_seconds)
             except ForkServerError as exc:
                 log.warning("template_failed_plain_processes_instead", error=str(exc)[-500:])
+                self._template_error = str(exc)[-500:]
                 self._forkserver = None
                 self.use_template = False
         return self._forkserver
@@ -505,12 +523,12 @@ class Judge:
     def warm(self) -> None:
         """Start the process in the background (importing torch takes seconds), so that it is
         ready when the candidate's runner has loaded and compiled the candidate."""
-        with _STARTER_LOCK:
+        with _JUDGE_START_LOCK:
             if self._starting is None and not self.alive:
                 self._starting = _starter("judge").submit(self.start)
 
     def _ready(self) -> None:
-        with _STARTER_LOCK:
+        with _JUDGE_START_LOCK:
             starting, self._starting = self._starting, None
         if starting is not None:
             starting.result()
