@@ -166,13 +166,18 @@ def test_loading_the_machine_between_calls_moves_no_time(config: EvalConfig, ker
             readings.append(timing(ev.run(CLOCK_TASK, source, RUNTIME)))
     before, loading, after = readings
     assert before.noise_band is not None
-    low, high = before.noise_band
+    low, _ = before.noise_band
     references = (before.reference.median, after.reference.median)
-    assert min(references) * low <= loading.reference.median <= max(references) * high, (
+    # The A/A band of a 40 us reference on a 2-core VM is wide (about 0.4-2.4): a third of drift
+    # beyond the twins is the tighter bound, and the attack it stands for read 17x.
+    slack = min(1 / low, 4 / 3)
+    assert min(references) / slack <= loading.reference.median <= max(references) * slack, (
         f"the reference read {loading.reference.median:.4g} ms beside the loader, {references} ms beside its twins"
     )
+    # No gain. A loader may lose: its threads run on until they see a call (up to 1024 strided reads),
+    # and the judge's clock charges that to the batch it ran in, as it should.
     speedups = (before.speedup, after.speedup)
-    assert min(speedups) * 0.9 <= loading.speedup <= max(speedups) * 1.1, (loading.speedup, speedups)
+    assert loading.speedup <= max(speedups) * 1.1, f"the loader read {loading.speedup:.3g}x, its honest twins {speedups}"
     reference_windows = [w for w in loading.windows if w.what in ("reference", "harness")]
     assert reference_windows and all(w.held >= 1 and w.quiet for w in reference_windows), loading.windows
 

@@ -137,7 +137,7 @@ class Worker:
 
     @property
     def template_status(self) -> str:
-        """"started" (runners are forks of the warm template), "off" (REFINERY_FORK_TEMPLATE=0, or
+        """ "started" (runners are forks of the warm template), "off" (REFINERY_FORK_TEMPLATE=0, or
         the judge's reference runner), "not started yet", or "failed: why" (plain processes instead)."""
         if self._template_error:
             return f"failed: {self._template_error}"
