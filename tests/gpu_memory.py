@@ -154,9 +154,10 @@ PEAKS: dict[str, tuple[float, str]] = {
         "1 MiB task, a second judge in the test process",
     ),
     "tests/test_isolation.py::*": (SMALL_GIB, "tasks of 1-2 MiB"),
-    # tests/test_judge_clock.py: a 0.5 MiB task; two evaluators alive at once in one test (six
-    # processes with contexts), and a candidate that holds 256 MiB of its own to load the GPU.
-    "tests/test_judge_clock.py::*": (5.0, "0.5 MiB task, two evaluators at once, a 256 MiB loader"),
+    # tests/test_judge_clock.py: a 32 MiB task on CUDA (batches of its inputs and outputs up to 512 MiB
+    # a runner); two evaluators alive at once in one test (six processes with contexts), and a
+    # candidate that holds 256 MiB of its own to load the GPU.
+    "tests/test_judge_clock.py::*": (6.0, "32 MiB task, two evaluators at once, a 256 MiB loader"),
     # tests/test_examples.py: the prompts' sigmoid example, 256 x 16384 floats (16 MiB).
     "tests/test_examples.py::test_gpu_example_is_correct_on_cuda*": (SMALL_GIB, "16 MiB task"),
     # tests/test_pch.py: an extension loaded in the test process, on 16 KiB.
