@@ -25,6 +25,10 @@ def comparable(result: EvalResult) -> dict[str, Any]:
     if correctness is not None:
         correctness.pop("kernel_share")  # milliseconds per call, from the profiler
         data["correctness"] = {k: v for k, v in correctness.items() if k not in _DRAWN}
+        shapes = correctness.get("shapes")
+        if shapes is not None:  # the variants' run time and the diffs of their drawn inputs
+            shapes.pop("seconds")
+            shapes["variants"] = [{k: v for k, v in variant.items() if k not in _DRAWN} for variant in shapes["variants"]]
         data["correctness"]["outcomes"] = [(o["trial"], o["passed"]) for o in correctness["outcomes"]]
         if not correctness["passed"]:
             data["message"] = data["message"].split(":")[0]  # "trial 0": which trial failed, not its drawn values

@@ -25,10 +25,12 @@ SERVER_FIELDS = frozenset(
         "baseline_dir",
         "remeasure_baselines",
         "compiler",
+        "quiet",
     }
 )
 """EvalConfig fields a request may not set: what the workers were started with, the server's disk caches
-and its C++ compiler."""
+its C++ compiler, and whether its timings require a quiet machine (a property of the server's
+machine, not of one request)."""
 
 
 class RequestSettings(BaseModel):
@@ -55,6 +57,7 @@ class RequestSettings(BaseModel):
     profile_rows: int | None = Field(None, ge=0)
     timeout_s: float | None = Field(None, gt=0)
     compile_timeout_s: float | None = Field(None, gt=0)
+    shapes: Literal["off", "report", "require"] | None = None
     guards: Guards | None = None
 
     def applied_to(self, base: EvalConfig, time_limit_s: float | None = None) -> EvalConfig:

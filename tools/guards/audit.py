@@ -675,7 +675,7 @@ class _Guard:
     """The hook. Only the interpreter's list of audit hooks holds it: a candidate has no name
     for it, and gc's walks that could find it are refused once it is armed."""
 
-    def __init__(self, allowed: frozenset[str], writable: tuple[str, ...], protected: tuple[str, ...]) -> None:
+    def __init__(self, allowed: frozenset[str] | None, writable: tuple[str, ...], protected: tuple[str, ...]) -> None:
         self.allowed = allowed
         self.writable = writable
         self.read_only = tuple(sorted(set(protected) | set(_library_roots())))
@@ -888,7 +888,7 @@ class _Guard:
         if name is None:
             return "an executable given as an unusual object"
         base = os.path.basename(name)
-        if base not in self.allowed:
+        if self.allowed is not None and base not in self.allowed:
             return f"{base!r} is not one of the compilers an extension build runs ({', '.join(sorted(self.allowed)[:8])}, ...)"
         if os.sep not in name:
             found = shutil.which(name, path=search_path)
@@ -923,7 +923,7 @@ class _Guard:
         if len(executables) != len(call[1]) or any(callable(a) for a in call[2:]):
             raise PermissionError(f"{REFUSED}: _posixsubprocess.fork_exec with unusual arguments (a preexec_fn, or odd executables)")
         for path in executables:
-            if os.path.exists(path) or os.path.basename(os.fsdecode(path)) not in self.allowed:
+            if os.path.exists(path) or (self.allowed is not None and os.path.basename(os.fsdecode(path)) not in self.allowed):
                 self._refuse_executable("_posixsubprocess.fork_exec", os.fsdecode(path), None)
         original = self.fork_exec
         assert original is not None
@@ -1002,18 +1002,20 @@ def _parent_of(pid: int) -> int:
 
 def install_hook(
     *,
-    allowed_executables: frozenset[str] = DEFAULT_COMPILERS,
+    allowed_executables: frozenset[str] | None = DEFAULT_COMPILERS,
     writable_dirs: Iterable[str | os.PathLike[str]] | None = None,
     protected_dirs: Iterable[str | os.PathLike[str]] = HARNESS_DIRS,
 ) -> None:
     """Add the audit hook, unarmed: until arm() it only waits for the call. Once per process
     (audit hooks cannot be removed). writable_dirs defaults to default_writable_dirs();
-    protected_dirs holds the harness's code, whose frames a candidate may not reach."""
+    protected_dirs holds the harness's code, whose frames a candidate may not reach.
+    allowed_executables None: any program outside the writable folders may start (a process that
+    never loads a candidate: the judge's reference runner)."""
     global _installed
     if _installed:
         raise RuntimeError("the audit hook is already installed; install_hook() runs once per process")
     writable = tuple(sorted({_real(d) for d in (default_writable_dirs() if writable_dirs is None else writable_dirs)}))
-    guard = _Guard(frozenset(allowed_executables), writable, tuple(sorted({_real(d) for d in protected_dirs})))
+    guard = _Guard(None if allowed_executables is None else frozenset(allowed_executables), writable, tuple(sorted({_real(d) for d in protected_dirs})))
     sys.addaudithook(guard)
     _installed = True
 

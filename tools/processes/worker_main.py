@@ -136,6 +136,10 @@ class WorkerState:
     """Started with --reference: serves the judge the task's reference, never a candidate."""
 
     def state_changes(self) -> tuple[str, ...]:
+        if self.reference_runner:
+            # No candidate runs here; torch.compile of the reference sets environment variables of
+            # its own (inductor's), which are no one's attempt on the pinned settings.
+            return ()
         return tuple(audit.changed(self.pinned, audit.snapshot()))
 
 
@@ -514,14 +518,18 @@ class ProfilerWarmUp:
 PROFILER = ProfilerWarmUp()
 
 
-def isolate(workdir: Path, cache_dir: Path) -> str:
-    """Before any candidate code: writes confined, capabilities dropped, settings pinned, audit hook armed."""
+def isolate(workdir: Path, cache_dir: Path, reference_runner: bool = False) -> str:
+    """Before any candidate code: writes confined, capabilities dropped, settings pinned, audit hook armed.
+    The reference runner, which never loads a candidate, may start any program outside the writable
+    folders: torch.compile of the reference runs a child interpreter (its CPU vector-ISA probe),
+    openssl (its precompiled header's hash) and the like, beside the compilers."""
     writable = [workdir, cache_dir / "extensions", cache_dir / "triton", cache_dir / "inductor", default_pch_dir(), Path("/dev/shm")]
     for folder in writable[1:4]:
         folder.mkdir(parents=True, exist_ok=True)
     confined = confine_writes(writable)
     capabilities = drop_capabilities()
-    audit.install_hook(writable_dirs=tuple(str(p) for p in writable))
+    allowed = None if reference_runner else audit.DEFAULT_COMPILERS
+    audit.install_hook(allowed_executables=allowed, writable_dirs=tuple(str(p) for p in writable))
     audit.arm()
     return f"writes: {confined}; capabilities: {capabilities}; audit hook armed"
 
@@ -540,6 +548,10 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true", help="the judge's reference runner: loads tasks, never a candidate")
     args = parser.parse_args()
     steps = StartSteps()
+    # torch.compile (the compiled reference, a Triton candidate's helpers) compiles in this process:
+    # inductor's pool of Python workers would be a process start that the audit hook refuses. Read
+    # when torch._inductor.config is first imported, which is after this.
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     if args.parent_pid:
         die_with_parent(args.parent_pid)
     if args.cores:
@@ -570,7 +582,7 @@ def main() -> None:
 
     install_generation_tagging_init()
     pinned = audit.snapshot()
-    isolation = isolate(workdir, Path(args.cache_dir))
+    isolation = isolate(workdir, Path(args.cache_dir), reference_runner=args.reference)
     steps.mark("isolate")
     state = WorkerState(device=device, workdir=workdir, cache=cache, pinned=pinned, isolation=isolation, reference_runner=args.reference)
     serve(conn, judge, state, args.cpu_seconds_per_job, steps.seconds)

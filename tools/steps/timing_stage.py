@@ -406,6 +406,8 @@ class ReferenceRunner:
     specs: tuple[Spec, ...]
     source: str
     _models: dict[str, RemoteModel] = field(default_factory=dict)
+    compile_failure: str | None = None
+    """Why torch.compile of the reference failed in its warm-up (`warm`); it is then not timed."""
 
     def model(self, role: Literal["reference", "compiled", "null"]) -> RemoteModel:
         if not self._models:
@@ -413,6 +415,23 @@ class ReferenceRunner:
         if role not in self._models:
             self._models[role] = self.link.build(self.cfg.seed, role, self.specs if role == "null" else ())
         return self._models[role]
+
+
+def _failure_line(exc: StageFailed, default: str) -> str:
+    return exc.message.strip().splitlines()[0][:500] if exc.message.strip() else default
+
+
+def warm_reference(path: TimedPath, ref: ReferenceRunner) -> None:
+    """The reference runner's models built and called once before any quiet window: torch.compile
+    of the reference compiles on its first call, and the compiler processes it starts would make a
+    window unquiet (they end before it closes, so only the per-core account sees them)."""
+    ref.model("null")
+    path.hand_over(ref.model("reference"), 0, 1)
+    if path.cfg.times_compiled_reference and ref.compile_failure is None:
+        try:
+            path.hand_over(ref.model("compiled"), 0, 1)
+        except StageFailed as exc:  # torch.compile can fail on a machine without a toolchain: the report says why
+            ref.compile_failure = _failure_line(exc, "torch.compile failed")
 
 
 def measure_baseline(path: TimedPath, ref: ReferenceRunner, harness: Harness, ref_model: Any) -> Baseline:
@@ -429,12 +448,14 @@ def measure_baseline(path: TimedPath, ref: ReferenceRunner, harness: Harness, re
         band = symmetric_band(speedup_interval(reference.samples_ms, tuple(again.per_call_ms), seed=cfg.seed))
     compiled = compiled_error = None
     compiled_samples: tuple[float, ...] = ()
-    if cfg.times_compiled_reference:
+    if cfg.times_compiled_reference and ref.compile_failure is not None:
+        compiled_error = ref.compile_failure
+    elif cfg.times_compiled_reference:
         try:
             timed = path.side(ref.model("compiled"), replace(harness), cfg.trials, keep=False)
             compiled, compiled_samples = stats(timed.per_call_ms, clock), tuple(timed.per_call_ms)
-        except StageFailed as exc:  # torch.compile can fail on a machine without a toolchain: the report says why
-            compiled_error = exc.message.strip().splitlines()[0][:500] if exc.message.strip() else "torch.compile failed"
+        except StageFailed as exc:
+            compiled_error = _failure_line(exc, "torch.compile failed")
     try:
         roofline = reference_roofline_ms(ref_model, path.program.inputs(cfg.seed + 1_000_003), path.program.device)
     except Exception as exc:  # noqa: BLE001 - information only: an op the counter cannot follow leaves it unknown
@@ -506,6 +527,7 @@ class JudgedTiming:
                 )
             return base, harness
 
+        warm_reference(self.path, self.ref)
         return self.in_quiet("reference", True, measure)
 
     def spot(self, stored: StoredBaseline) -> tuple[float, Harness]:
