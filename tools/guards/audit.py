@@ -1015,7 +1015,8 @@ def install_hook(
     if _installed:
         raise RuntimeError("the audit hook is already installed; install_hook() runs once per process")
     writable = tuple(sorted({_real(d) for d in (default_writable_dirs() if writable_dirs is None else writable_dirs)}))
-    guard = _Guard(None if allowed_executables is None else frozenset(allowed_executables), writable, tuple(sorted({_real(d) for d in protected_dirs})))
+    allowed = None if allowed_executables is None else frozenset(allowed_executables)
+    guard = _Guard(allowed, writable, tuple(sorted({_real(d) for d in protected_dirs})))
     sys.addaudithook(guard)
     _installed = True
 
