@@ -73,8 +73,11 @@ from kernel_refinery.tools.steps.timing_stage import (
 log = structlog.get_logger()
 
 RUNNER_GONE = "the candidate's process ended while the judge was waiting for it"
-QUIET_ATTEMPTS = 3
+QUIET_ATTEMPTS = 6
 """Windows a timing gets before the machine is called busy (tools/processes/quiet.py)."""
+QUIET_PAUSE_S = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""The pauses between them: a burst of other work (a build, another tenant of a shared VM) may
+last seconds, and outlasting it costs less than a candidate's turn."""
 
 T = TypeVar("T")
 
@@ -172,7 +175,7 @@ class JudgeQuiet:
                     f"{activity.describe()}. A time taken so is not honest; stop other work on this machine, or set "
                     "eval.quiet=record to keep such timings with a note",
                 )
-            time.sleep(0.2 * attempt)
+            time.sleep(QUIET_PAUSE_S[min(attempt, len(QUIET_PAUSE_S)) - 1])
         raise AssertionError("unreachable")
 
 
