@@ -132,6 +132,8 @@ class WorkerState:
     outputs: list[torch.Tensor] = field(default_factory=list)
     arenas: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
     pending_changes: tuple[str, ...] = ()
+    snapshot_due: bool = False
+    """Timed hand-overs ran since the last state snapshot (taken before the next other request)."""
     reference_runner: bool = False
     """Started with --reference: serves the judge the task's reference, never a candidate."""
 
@@ -329,6 +331,9 @@ def _serve_judge(state: WorkerState, conn: Connection) -> bool:
             setattr(state, role, mapped[request.arena])
             conn.send(True)
             continue
+        if state.snapshot_due and not isinstance(request, Batch):
+            state.snapshot_due = False
+            state.pending_changes = state.pending_changes or state.state_changes()
         try:
             reply = _answer(state, request)
         except Exception as exc:  # noqa: BLE001 - candidate code may raise anything: it becomes the candidate's status
@@ -342,9 +347,14 @@ def _serve_judge(state: WorkerState, conn: Connection) -> bool:
                 os._exit(1)
             continue
         conn.send(reply)
-        if isinstance(request, (Call, Batch)):
+        if isinstance(request, Call):
             # After the reply, outside the judge's clock: reported with the next one.
             state.pending_changes = state.state_changes()
+        elif isinstance(request, Batch):
+            # Not between timed hand-overs: the judge's next clock would meet it (a few tenths of a
+            # millisecond, and as variable as the machine). The next request that is not a timed
+            # hand-over takes it first, and End always does.
+            state.snapshot_due = True
     state.models.clear()
     state.inputs, state.outputs = [], []
     state.arenas.clear()
