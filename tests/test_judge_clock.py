@@ -140,20 +140,25 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
     """The runner's clock function replaced from native code for the one read after each timed call,
     and put back by that read: the candidate's process believes it, the verdict does not use it."""
     reps = kernels.short if length == "short" else kernels.long
-    honest = timing(evaluator.run(kernels.task, kernels.build(f"return ext.relu_reps(x, {reps})"), RUNTIME))
+    honest_source = kernels.build(f"return ext.relu_reps(x, {reps})")
+    honest = timing(evaluator.run(kernels.task, honest_source, RUNTIME))
     result = evaluator.run(kernels.task, kernels.build(f"return ext.relu_hidden(x, {reps}, {scale})"), RUNTIME)
     if result.status is EvalStatus.REJECTED:
         assert "ms" in result.message, result.message
         return
     hidden = timing(result)
+    # The honest twin again, after: a 2-core VM's speed moves by a tenth or more between two
+    # evaluations, so the hidden one is held to the span of its twins, with 10% on either side.
+    again = timing(evaluator.run(kernels.task, honest_source, RUNTIME))
     assert hidden.timed_by == "judge"
     assert hidden.runner_reported_ms is not None and honest.runner_reported_ms is not None
     if scale < 0.5:
         # The hack was real: its own process saw the shortened times (on CUDA the shortened span
         # starts inside forward, after the launch overhead, so less than the full quarter shows).
         assert hidden.runner_reported_ms < 0.75 * honest.runner_reported_ms, (hidden.runner_reported_ms, honest.runner_reported_ms)
-    assert hidden.speedup == pytest.approx(honest.speedup, rel=0.10), (
-        f"shortened {hidden.candidate.median:.4g} ms against honest {honest.candidate.median:.4g} ms"
+    twins = (honest.speedup, again.speedup)
+    assert min(twins) * 0.9 <= hidden.speedup <= max(twins) * 1.1, (
+        f"shortened {hidden.candidate.median:.4g} ms against honest {honest.candidate.median:.4g} and {again.candidate.median:.4g} ms"
     )
 
 
@@ -183,7 +188,10 @@ def test_loading_the_machine_between_calls_moves_no_time(config: EvalConfig, ker
     # No gain. A loader may lose: its threads run on until they see a call (up to 1024 strided reads),
     # and the judge's clock charges that to the batch it ran in, as it should.
     speedups = (before.speedup, after.speedup)
-    assert loading.speedup <= max(speedups) * 1.1, f"the loader read {loading.speedup:.3g}x, its honest twins {speedups}"
+    assert loading.speedup <= max(speedups) * 1.1, (
+        f"the loader read {loading.speedup:.3g}x ({loading.reference.median:.4g} / {loading.candidate.median:.4g} ms), its honest "
+        f"twins {speedups} ({[(r.reference.median, r.candidate.median) for r in (before, after)]} ms)"
+    )
     reference_windows = [w for w in loading.windows if w.what in ("reference", "harness")]
     assert reference_windows and all(w.held >= 1 and w.quiet for w in reference_windows), loading.windows
 
@@ -225,8 +233,6 @@ def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evalu
         # A ReLU on 64 x 1024 takes ~2 us on an H100: below the method's resolution there.
         pytest.skip("on CUDA this ReLU is below the method's resolution (the reference reads 0): the CPU makes the case")
     source = kernels.build("return ext.relu_reps(x, 1)")
-    report = timing(evaluator.run(TINY_TASK, source, RUNTIME))
-    assert report.reference_batch_calls > 1 and report.harness_ms is not None
     namespace: dict[str, object] = {}
     exec(compile(TINY_TASK.source, "task", "exec"), namespace)  # noqa: S102 - the test's own task
     exec(compile(source, "candidate", "exec"), namespace)  # noqa: S102 - the test's own candidate, in the test's process
@@ -237,11 +243,23 @@ def test_a_kernel_of_microseconds_is_batched_and_reads_as_timed_in_process(evalu
     def make(i: int) -> list[torch.Tensor]:
         return [torch.randn(64, 1024)]
 
-    in_process = [
-        statistics.median(timer.time(ref, make, 20, 200).samples_ms) / statistics.median(timer.time(new, make, 20, 200).samples_ms)
-        for _ in range(3)
-    ]
+    def in_process() -> float:
+        return statistics.median(timer.time(ref, make, 20, 200).samples_ms) / statistics.median(timer.time(new, make, 20, 200).samples_ms)
+
+    # Three of each, taken in turn, each batched one with a reference timed afresh: one reading of a
+    # 20 us reference on a 2-core VM may be a third off either way, and the medians are the case.
+    batched: list[TimingReport] = []
+    old: list[float] = []
+    for _ in range(3):
+        old.append(in_process())
+        with Evaluator(evaluator.config.model_copy(update={"remeasure_baselines": True})) as ev:
+            batched.append(timing(ev.run(TINY_TASK, source, RUNTIME)))
+    assert all(r.reference_batch_calls > 1 and r.harness_ms is not None for r in batched), [r.reference_batch_calls for r in batched]
+    report = sorted(batched, key=lambda r: r.speedup)[1]
     assert report.noise_band is not None
     low, high = report.noise_band
-    old = statistics.median(in_process)
-    assert low <= report.speedup / old <= high, f"batched {report.speedup:.3f}x, in process {old:.3f}x, band {report.noise_band}"
+    ratio = report.speedup / statistics.median(old)
+    assert low <= ratio <= high, (
+        f"batched {[round(r.speedup, 4) for r in batched]}x (K {report.reference_batch_calls}), "
+        f"in process {[round(o, 4) for o in old]}x, band {report.noise_band}"
+    )
