@@ -223,7 +223,11 @@ def main() -> None:
                         timeline=tuple(out.get("timeline") or ()),  # type: ignore[arg-type]  # a list of dicts from the child JSON
                     )
                     runs.append(run)
+                    if args.json:  # after every run: a device call's time limit may end the benchmark early
+                        args.json.write_text(json.dumps({"device": args.device, "runs": [asdict(r) for r in runs]}, indent=1))
                     console.print(f"{name} {side} {label}: {wall:.1f} s, {run.status}, speedup {run.speedup}")
+                    if run.status != "correct" and run.message:
+                        console.print(f"    {run.message}", markup=False)
                     for event in run.timeline:
                         console.print(f"    {event}", highlight=False)
     table = Table(title=f"one evaluation in a fresh process, {args.device}: wall seconds")
