@@ -181,8 +181,10 @@ def test_loading_the_machine_between_calls_moves_no_time(config: EvalConfig, ker
     references = (before.reference.median, after.reference.median)
     # The A/A band of a 40 us reference on a 2-core VM is wide (about 0.4-2.4): a third of drift
     # beyond the twins is the tighter bound, and the attack it stands for read 17x.
+    # Upward, where the attack moves it, within a third; downward, where no attack can, within the A/A
+    # band as the issue asks (a reference read 0.033 ms beside the loader, 0.045-0.048 beside its twins).
     slack = min(1 / low, 4 / 3)
-    assert min(references) / slack <= loading.reference.median <= max(references) * slack, (
+    assert min(references) * low <= loading.reference.median <= max(references) * slack, (
         f"the reference read {loading.reference.median:.4g} ms beside the loader, {references} ms beside its twins"
     )
     # No gain. A loader may lose: its threads run on until they see a call (up to 1024 strided reads),
@@ -214,7 +216,10 @@ def test_the_same_kernel_ten_times_with_one_cache_reads_the_same(config: EvalCon
     assert first.noise_band is not None
     low, high = first.noise_band
     ratios = [r.speedup / first.speedup for r in readings]
-    assert all(low <= r <= high for r in ratios), [round(r, 3) for r in ratios]
+    assert all(low <= r <= high for r in ratios), [
+        (round(ratio, 3), r.reference_source, round(r.reference.median, 4), round(r.candidate.median, 3))
+        for ratio, r in zip(ratios, readings, strict=True)
+    ]
     assert {r.reference_source for r in readings[1:]} <= {"cached", "remeasured"}
 
 

@@ -161,6 +161,17 @@ def test_single_calls_never_score_a_candidate_above_its_batches() -> None:
     assert "gained more from batching" in report.note and "scored from the batches" in report.note
 
 
+def test_a_reference_too_short_for_single_calls_is_compared_by_its_batches() -> None:
+    """The reference's single calls read 0 (shorter than the harness's jitter: seen in CI, where an
+    honest kernel then read 0.000x from single calls). Scored from single calls, the candidate's are
+    compared with the reference's batches, which are no shorter than its calls one at a time."""
+    _, timed, reference = _timed(CFG, reference_ms=0.05)
+    timed.ref.models["reference"].single_ms = 1e-6  # type: ignore[attr-defined]  # the stand-in reference runner's model
+    report = time_candidate(timed, reference, Local(reference, 0.2, single_ms=0.6), {}, ("relu",))  # type: ignore[arg-type]  # a stand-in runner
+    assert report.scored_from == "single_calls", report
+    assert report.speedup == pytest.approx(0.05 / 0.6, rel=0.2)
+
+
 def test_the_reference_against_itself_is_no_difference() -> None:
     """The A/A run: the reference timed twice gives the band; a candidate that is the reference lies inside it."""
     _, timed, reference = _timed(CFG, reference_ms=5.0)

@@ -668,7 +668,9 @@ def overlap(candidate: Side, reference_single: Timed | None, reference: Timed) -
         return ""
     single_c = statistics.median(candidate.single_ms)
     gain_c = single_c - statistics.median(candidate.per_call_ms)
-    gain_r = reference_single.stats.median - reference.stats.median if reference_single is not None else 0.0
+    # A reference's single calls that read below its batches (a single call shorter than the harness
+    # jitter reads 0) are no gain of the candidate's: the reference's gain counts from zero.
+    gain_r = max(reference_single.stats.median - reference.stats.median, 0.0) if reference_single is not None else 0.0
     noise = [_median_se(candidate.single_ms), _median_se(list(reference_single.samples_ms)) if reference_single is not None else 0.0]
     if gain_c - gain_r <= OVERLAP_SHARE * single_c + 3 * math.hypot(*noise):
         return ""
@@ -721,7 +723,11 @@ def time_candidate(
     samples = tuple(side.per_call_ms)
     single_scored = False
     if why_single:
-        reference_single = base.single or base.reference
+        # A reference whose single calls read shorter than its batched ones (under the harness's
+        # jitter they read 0, or nearly) is compared by its batches: a call alone is no shorter than
+        # in a batch, so the candidate gains nothing by it.
+        resolved = base.single is not None and base.single.stats.median >= base.reference.stats.median
+        reference_single = base.single if resolved and base.single is not None else base.reference
         singles = tuple(side.single_ms)
         from_singles = (
             statistics.median(reference_single.samples_ms) / statistics.median(singles) if statistics.median(singles) > 0 else float("inf")
