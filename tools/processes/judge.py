@@ -75,10 +75,11 @@ log = structlog.get_logger()
 RUNNER_GONE = "the candidate's process ended while the judge was waiting for it"
 QUIET_ATTEMPTS = 6
 """Windows a timing gets at least before the machine is called busy (tools/processes/quiet.py)."""
-QUIET_PATIENCE_S = 60.0
+QUIET_PATIENCE_S = 180.0
 """And the time they may take together (eval.quiet "require"): another evaluator process on the
-machine (a pool's, a Ray worker's) builds its candidate outside the device turn, and a build of a
-few tens of seconds is outlasted rather than charged to this candidate as a turn lost."""
+machine (a pool's, a Ray worker's) builds its candidate outside the device turn, and a cold build
+takes a minute or more on a 2-core machine (Ray actors' timings failed at 60 s): outlasted, rather
+than charged to this candidate as a turn lost. Within the stage's limit (eval.timeout_s, 300 s)."""
 QUIET_PAUSE_S = (0.25, 0.5, 1.0, 2.0, 4.0)
 """The pauses between windows, the last repeated."""
 RECORD_ATTEMPTS = 3
