@@ -301,19 +301,28 @@ class Worker:
     def run_judged_with_retry(
         self, judge: Judge, load: EvalJob, judged: EvalJob, timeout_s: float, load_timeout_s: float
     ) -> tuple[JobReply, str]:
-        """The device stages; a runner killed from outside during them (not by its candidate) gets
-        a fresh runner, which loads the candidate again, up to twice: a candidate that really
-        exhausts memory dies each time and is reported as OOM."""
+        """The device stages; a runner killed from outside during them (not by its candidate), or a
+        judge or reference runner that died, gets a fresh runner (and judge), which loads the
+        candidate again, up to twice: a candidate that really exhausts memory dies each time and is
+        reported as OOM."""
         reply, printed = self.run_judged(judge, judged, timeout_s)
         for _ in range(2):
-            if not self.killed_from_outside(reply):
+            if not self.killed_from_outside(reply) and not self.harness_fault(reply):
                 break
-            log.warning("worker_killed_retrying", pid=self.pid)
+            log.warning("worker_killed_retrying", pid=self.pid, harness=self.harness_fault(reply))
             self.retries += 1
+            if self.harness_fault(reply):
+                self.close()  # its link to the judge ended with that judge
             reply, printed = self.run(load, load_timeout_s)
             if reply.failure is None:
                 reply, printed = self.run_judged(judge, judged, timeout_s)
         return reply, printed
+
+    @staticmethod
+    def harness_fault(reply: JobReply) -> bool:
+        """The judge or its reference runner died (a kill from outside, never the candidate's doing:
+        it cannot reach them): the evaluation is the harness's to repeat, not a turn lost."""
+        return reply.judge_broken or reply.message.startswith("the judge process died")
 
     @staticmethod
     def killed_from_outside(reply: JobReply) -> bool:
