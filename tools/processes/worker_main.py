@@ -138,12 +138,13 @@ class WorkerState:
     """Started with --reference: serves the judge the task's reference, never a candidate."""
 
     def state_changes(self) -> tuple[str, ...]:
-        changes = tuple(audit.changed(self.pinned, audit.snapshot()))
         # No candidate runs in the reference runner, and torch.compile of the reference sets
         # environment variables of its own (inductor's): no one's attempt on the pinned settings.
-        # It still takes the snapshot: after each hand-over, where the judge's next clock may meet
-        # it, the null model's harness cost must include what the candidate's runner pays.
-        return () if self.reference_runner else changes
+        # (Neither runner takes the snapshot between timed hand-overs, so skipping it here changes
+        # no harness cost.)
+        if self.reference_runner:
+            return ()
+        return tuple(audit.changed(self.pinned, audit.snapshot()))
 
 
 def _load(state: WorkerState, job: EvalJob) -> Loaded:

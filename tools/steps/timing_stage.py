@@ -35,7 +35,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -407,7 +407,7 @@ class ReferenceRunner:
     source: str
     _models: dict[str, RemoteModel] = field(default_factory=dict)
     compile_failure: str | None = None
-    """Why torch.compile of the reference failed in its warm-up (`warm`); it is then not timed."""
+    """Why torch.compile of the reference failed in its warm-up (`warm_reference`); it is then not timed."""
 
     def model(self, role: Literal["reference", "compiled", "null"]) -> RemoteModel:
         if not self._models:
@@ -683,6 +683,12 @@ def overlap(candidate: Side, reference_single: Timed | None, reference: Timed) -
     )
 
 
+def _ratio(reference_ms: Sequence[float], candidate_ms: Sequence[float]) -> float:
+    """A speedup: the reference's median over the candidate's (inf when the candidate's reads 0)."""
+    candidate = statistics.median(candidate_ms)
+    return statistics.median(reference_ms) / candidate if candidate > 0 else float("inf")
+
+
 def time_candidate(
     timed: JudgedTiming,
     ref_model: Any,
@@ -727,12 +733,9 @@ def time_candidate(
         # jitter they read 0, or nearly) is compared by its batches: a call alone is no shorter than
         # in a batch, so the candidate gains nothing by it.
         resolved = base.single is not None and base.single.stats.median >= base.reference.stats.median
-        reference_single = base.single if resolved and base.single is not None else base.reference
+        reference_single = base.single if base.single is not None and resolved else base.reference
         singles = tuple(side.single_ms)
-        from_singles = (
-            statistics.median(reference_single.samples_ms) / statistics.median(singles) if statistics.median(singles) > 0 else float("inf")
-        )
-        batched = statistics.median(against_samples) / statistics.median(samples) if statistics.median(samples) > 0 else float("inf")
+        from_singles, batched = _ratio(reference_single.samples_ms, singles), _ratio(against_samples, samples)
         if from_singles <= batched:
             samples, against, against_samples = singles, "eager", reference_single.samples_ms
             single_scored = True
@@ -746,7 +749,7 @@ def time_candidate(
                 f"; from single calls it read {from_singles:.3g}x, above the batches' {batched:.3g}x, so it is scored from the batches"
             )
     cand = stats(list(samples), clock)
-    speedup = statistics.median(against_samples) / cand.median if cand.median > 0 else float("inf")
+    speedup = _ratio(against_samples, samples)
     band = base.noise_band
     compiled = base.compiled
     notes = [n for n in (base.note, why_single) if n]
