@@ -39,7 +39,7 @@ ext = load_inline(
     name="refinery_clock_hacks",
     cpp_sources=r"""
 {HACKS}""",
-    functions=["relu_reps", "relu_hidden", "relu_loading"],
+    functions=["relu_reps", "relu_stream", "relu_hidden", "relu_loading"],
     extra_cflags=["-O2"],
 )
 '''
@@ -141,24 +141,33 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
     and put back by that read: the candidate's process believes it, the verdict does not use it."""
     reps = kernels.short if length == "short" else kernels.long
     honest_source = kernels.build(f"return ext.relu_reps(x, {reps})")
-    honest = timing(evaluator.run(kernels.task, honest_source, RUNTIME))
-    result = evaluator.run(kernels.task, kernels.build(f"return ext.relu_hidden(x, {reps}, {scale})"), RUNTIME)
-    if result.status is EvalStatus.REJECTED:
-        assert "ms" in result.message, result.message
-        return
-    hidden = timing(result)
-    # The honest twin again, after: a 2-core VM's speed moves by a tenth or more between two
-    # evaluations, so the hidden one is held to the span of its twins, with 10% on either side.
-    again = timing(evaluator.run(kernels.task, honest_source, RUNTIME))
-    assert hidden.timed_by == "judge"
-    assert hidden.runner_reported_ms is not None and honest.runner_reported_ms is not None
+    hidden_source = kernels.build(f"return ext.relu_hidden(x, {reps}, {scale})")
+    # Honest and hidden in turn, an honest one at either end: a 2-core VM's speed moves by a tenth or
+    # more between two evaluations (one hidden reading in CI sat 15% below its twins on either side).
+    honest: list[TimingReport] = [timing(evaluator.run(kernels.task, honest_source, RUNTIME))]
+    hidden: list[TimingReport] = []
+    for _ in range(2):
+        result = evaluator.run(kernels.task, hidden_source, RUNTIME)
+        if result.status is EvalStatus.REJECTED:
+            assert "ms" in result.message, result.message
+            return
+        hidden.append(timing(result))
+        honest.append(timing(evaluator.run(kernels.task, honest_source, RUNTIME)))
+    assert all(h.timed_by == "judge" for h in hidden)
+    reported = [h.runner_reported_ms for h in hidden]
+    honest_reported = honest[0].runner_reported_ms
+    assert honest_reported is not None and all(r is not None for r in reported), (reported, honest_reported)
     if scale < 0.5:
         # The hack was real: its own process saw the shortened times (on CUDA the shortened span
         # starts inside forward, after the launch overhead, so less than the full quarter shows).
-        assert hidden.runner_reported_ms < 0.75 * honest.runner_reported_ms, (hidden.runner_reported_ms, honest.runner_reported_ms)
-    twins = (honest.speedup, again.speedup)
-    assert min(twins) * 0.9 <= hidden.speedup <= max(twins) * 1.1, (
-        f"shortened {hidden.candidate.median:.4g} ms against honest {honest.candidate.median:.4g} and {again.candidate.median:.4g} ms"
+        assert all(r is not None and r < 0.75 * honest_reported for r in reported), (reported, honest_reported)
+    # Its best reading against the honest ones: no gain (above), and no loss beyond the drift either
+    # (below: a method that charged the hack for its clock patch would be wrong too), 10% either side.
+    best = max(hidden, key=lambda r: r.speedup)
+    twins = [h.speedup for h in honest]
+    assert min(twins) * 0.9 <= best.speedup <= max(twins) * 1.1, (
+        f"shortened {[round(h.candidate.median, 4) for h in hidden]} ms ({[round(h.speedup, 4) for h in hidden]}x) against honest "
+        f"{[round(h.candidate.median, 4) for h in honest]} ms ({[round(t, 4) for t in twins]}x)"
     )
 
 
@@ -200,14 +209,16 @@ def test_loading_the_machine_between_calls_moves_no_time(config: EvalConfig, ker
 
 def test_the_same_kernel_ten_times_with_one_cache_reads_the_same(config: EvalConfig, kernels: Kernels) -> None:
     """As `refinery eval` ten times in a row: a new judge each time, the baseline from the cache,
-    spot-checked in quiet. Every speedup lies within the first one's A/A band. The issue's case: a
-    ReLU on 64 x 65536, a reference of about a millisecond (on the 40 us one of the other tests, this
-    VM's reference drifts by half between evaluations, spot checks and all)."""
+    spot-checked in quiet. Every speedup lies within the first one's A/A band. The issue's case: an
+    honest memory-bound ReLU on 64 x 65536, a reference of about a millisecond. Bound by memory as the
+    reference is: a shared VM's memory bandwidth moves by a half between evaluations (in CI the
+    reference read 1.27, 1.63, 1.46 and 1.93 ms, each confirmed in quiet), and a kernel bound by
+    arithmetic (relu_reps, 21.6 ms throughout) would turn that drift into its speedup's."""
     if kernels.device != "cpu":
         pytest.skip("ten evaluations take minutes on a GPU machine's lease: the CPU makes the case")
     cfg = config.model_copy(update={"trials": 20})
     task = relu_task(64, 65536)
-    source = kernels.build("return ext.relu_reps(x, 1)")
+    source = kernels.build("return ext.relu_stream(x)")
     readings: list[TimingReport] = []
     for _ in range(10):
         with Evaluator(cfg.model_copy(update={"remeasure_baselines": not readings})) as ev:

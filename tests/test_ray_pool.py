@@ -23,6 +23,7 @@ from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.processes.jobs import TaskProgram
 from kernel_refinery.tools.processes.pool import EvaluatorPool
 from kernel_refinery.tools.results import Stage
+from kernel_refinery.traces.store import iter_trajectories
 
 ray = pytest.importorskip("ray", reason="the optional Ray extra is not installed")
 
@@ -131,6 +132,16 @@ def differences(local: dict[str, list[str]], remote: dict[str, list[str]]) -> li
     return lines
 
 
+def failures(run_dir: Path) -> str:
+    """The messages of a run's turns that ended in a runtime error or a timeout: why a verdict differed."""
+    lines = []
+    for path, turns in iter_trajectories(run_dir):
+        for turn in turns:
+            if turn.result is not None and turn.result.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.TIMEOUT):
+                lines.append(f"{run_dir.name} {path.stem} turn {turn.turn}: {turn.result.message[:600]}")
+    return "\n".join(lines)
+
+
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.timeout(1500, method="thread")
 def test_scripted_experiment_gets_the_same_verdicts_through_ray(tmp_path: Path, cache_dir: Path) -> None:
@@ -148,7 +159,7 @@ def test_scripted_experiment_gets_the_same_verdicts_through_ray(tmp_path: Path, 
         local = run_experiment(config, tmp_path / "local", model, local_pool)
 
     mismatches = differences(verdicts(local), verdicts(through_ray))
-    assert not mismatches, "verdicts differ:\n" + "\n".join(mismatches)
+    assert not mismatches, "verdicts differ:\n" + "\n".join(mismatches) + "\n" + failures(tmp_path / "ray") + failures(tmp_path / "local")
     best = {r.task: r.best_status.value for r in local}
     assert best == {r.task: r.best_status.value for r in through_ray}
     assert {r.task: [t.status.value for t in r.per_turn] for r in local} == EXPECTED

@@ -22,7 +22,7 @@ from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.guards.static_check import check_candidate
 from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, TaskProgram, source_hash
-from kernel_refinery.tools.processes.quiet import machine_turn
+from kernel_refinery.tools.processes.quiet import BUILDS, machine_turn
 from kernel_refinery.tools.processes.worker import Judge, Worker
 from kernel_refinery.tools.results import EvalResult, Stage, StaticReport
 from kernel_refinery.tools.stages import STEPS, order, steps_in
@@ -100,7 +100,8 @@ class Evaluator:
         load: JobReply | None = None
         asked_load = any(s in _RUNNER for s in stages)
         if asked_load or not self.worker.alive:
-            load, printed = self.worker.run(job, self.config.compile_timeout_s)
+            with BUILDS.building():  # not while a judge times anywhere on the machine
+                load, printed = self.worker.run(job, self.config.compile_timeout_s)
             if load.failure is not None:
                 return load, printed
             if not asked_load:

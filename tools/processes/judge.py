@@ -155,7 +155,8 @@ class JudgeQuiet:
             if not hold_runner and self.runner_pid:
                 allowed.add(self.runner_pid)
             try:
-                window = Window(allowed, None if every_core else cores, self.state.gpu)
+                parent = os.getppid() if self.parent is not None else 1
+                window = Window(allowed, None if every_core else cores, self.state.gpu, harness=() if parent == 1 else (parent,))
                 value = measure()
                 activity = window.close()
             finally:

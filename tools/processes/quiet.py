@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import psutil
 import structlog
@@ -39,8 +40,12 @@ log = structlog.get_logger()
 STOP_WAIT_S = 2.0
 """How long a stop may take to reach every thread of a runner before the freeze is reported incomplete."""
 
-QUIET_SHARE = 0.05
-"""Other processes may use this share of one core during a window (the OS, a logger) and it is still quiet."""
+QUIET_SHARE = 0.10
+"""Other processes may use this share of one core during a window (the OS, a logger) and it is still quiet.
+A Ray node's own processes and idle actors, with the kernel's threads, took 8% of a core on a 2-core
+VM in CI, and every window of a three-minute timing failed at 5%; a candidate's loader that streams
+memory takes a whole core, and one paced below a tenth of one moves a memory-bound reference by a
+few percent at most, inside the A/A band."""
 QUIET_TICKS = 2
 """And this many clock ticks (10 ms each at the usual USER_HZ): the accounts' own resolution."""
 
@@ -163,6 +168,62 @@ def machine_turn(group: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+class BuildGate:
+    """Builds and quiet windows of every evaluator process on the machine take turns.
+
+    A build (a candidate's compile: a compiler on every core for a minute, cold) holds `builds.lock`
+    shared, so builds run side by side; a quiet window holds it exclusive, so it opens only once the
+    builds under way have ended, and none starts while it lasts. Whoever waits for a window holds
+    `gate.lock` meanwhile, and a build takes the gate before its share: a stream of builds cannot
+    starve the windows, which are short. Each side opens the files afresh (flock is per open file),
+    so two threads of one process wait on each other as two processes do; a window never waits on
+    a build of its own thread, as a thread builds and times in turn. The kernel drops the locks
+    with a process that dies. Without this, the judge could only wait another process's build out
+    (up to three minutes), and a machine busy with builds failed timings as "never quiet"."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder
+
+    def _open(self, name: str) -> IO[str]:
+        folder = self.folder or lock_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        return open(folder / name, "a+")  # closed by the caller
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[None]:
+        """Around a build: waits while a window is open or waited for."""
+        with contextlib.ExitStack() as stack:
+            builds = stack.enter_context(self._open("builds.lock"))
+            with self._open("gate.lock") as gate:
+                fcntl.flock(gate, fcntl.LOCK_EX)
+                fcntl.flock(builds, fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(builds, fcntl.LOCK_UN)
+
+    def hold(self) -> contextlib.ExitStack:
+        """Builds stopped for a window: returns once none runs; closing the stack lets them go on."""
+        stack = contextlib.ExitStack()
+        try:
+            gate = stack.enter_context(self._open("gate.lock"))
+            builds = stack.enter_context(self._open("builds.lock"))
+            started = time.monotonic()
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(builds, fcntl.LOCK_EX)
+        except BaseException:
+            stack.close()
+            raise
+        waited = time.monotonic() - started
+        if waited > 1:
+            log.info("quiet_window_waited_for_builds", seconds=round(waited, 1))
+        return stack  # closing the files drops both locks
+
+
+BUILDS = BuildGate()
+"""The machine's builds and quiet windows (REFINERY_LOCK_DIR moves the lock files)."""
+
+
 # The judge's side: what else ran during a window.
 
 
@@ -281,8 +342,11 @@ class GpuSamples:
 class Window:
     """One timing window: the accounts read when it opens and when it closes."""
 
-    def __init__(self, allowed: Iterable[int], cores: Iterable[int] | None, gpu: GpuSamples | None) -> None:
+    def __init__(self, allowed: Iterable[int], cores: Iterable[int] | None, gpu: GpuSamples | None, harness: Iterable[int] = ()) -> None:
         self.allowed = set(allowed)
+        self.harness = set(harness)
+        """Processes allowed without their descendants: the judge's parent, which answers the judge's
+        asks and watches the runner during the window, and whose children are the candidates' runners."""
         self.cores = None if cores is None else list(cores)
         self.gpu = gpu
         self.started = time.monotonic()
@@ -298,12 +362,14 @@ class Window:
         allowed = set(self.allowed)
         for pid in list(self.allowed):
             allowed.update(_tree(pid))
-        used = {pid: ticks[pid][0] - self.ticks.get(pid, (0, 0, ""))[0] for pid in ticks}
-        others = {pid: t for pid, t in used.items() if pid not in allowed and t > 0}
         # An allowed process's children that ended within the window (the reference's compilers)
         # are its own work: their ticks are in its children's account once it has waited for them.
+        # The harness's own time counts as allowed, not its reaped children's: they were runners.
         reaped = sum(ticks[pid][1] - self.ticks.get(pid, (0, ticks[pid][1], ""))[1] for pid in allowed if pid in ticks)
-        allowed_ticks = sum(t for pid, t in used.items() if pid in allowed) + reaped
+        on_cpu = allowed | self.harness
+        used = {pid: ticks[pid][0] - self.ticks.get(pid, (0, 0, ""))[0] for pid in ticks}
+        others = {pid: t for pid, t in used.items() if pid not in on_cpu and t > 0}
+        allowed_ticks = sum(t for pid, t in used.items() if pid in on_cpu) + reaped
         per_core = max(0, busy - self.busy - allowed_ticks)
         per_process = sum(others.values())
         busiest = tuple((pid, ticks[pid][2], t * _TICK_S) for pid, t in sorted(others.items(), key=lambda item: item[1], reverse=True)[:5])

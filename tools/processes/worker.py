@@ -33,7 +33,7 @@ from kernel_refinery.tools.faults import cuda_fault_in
 from kernel_refinery.tools.processes import sandbox
 from kernel_refinery.tools.processes.forkserver import ForkedChild, ForkServer, ForkServerError
 from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, QuietGranted, QuietRelease, QuietReleased, QuietRequest
-from kernel_refinery.tools.processes.quiet import RUNNERS, group_of
+from kernel_refinery.tools.processes.quiet import BUILDS, RUNNERS, group_of
 from kernel_refinery.tools.processes.startup import started_at
 
 log = structlog.get_logger()
@@ -115,6 +115,8 @@ class Worker:
         self.group = group_of(device, gpu_index)
         self.proc: subprocess.Popen[bytes] | ForkedChild | None = None
         self.conn: Connection | None = None
+        self._builds_held: contextlib.ExitStack | None = None
+        """While the judge's window is open: the machine's builds held back (quiet.BuildGate)."""
         self.judge_end: socket.socket | None = None
         """The parent's end of the runner's socket to the judge, handed to the judge for each device job."""
         self.candidate_key = ""
@@ -400,18 +402,26 @@ class Worker:
                     ), printed
         finally:
             if holding:
-                RUNNERS.thaw(self.group)
+                self._end_quiet()
 
     def _quiet(self, conn: Connection, request: object) -> bool:
-        """Answer the judge's ask on its connection; True while other runners are held."""
+        """Answer the judge's ask on its connection; True while other runners are held. A window
+        opens once no build runs on the machine, and none starts until it ends (quiet.BuildGate)."""
         if isinstance(request, QuietRequest):
             assert self.pid is not None
+            self._builds_held = BUILDS.hold()
             held = RUNNERS.freeze(self.group, keep=None if request.hold_runner else self.pid)
             conn.send(QuietGranted(held=held, runner=self.pid))
             return True
-        RUNNERS.thaw(self.group)
+        self._end_quiet()
         conn.send(QuietReleased())
         return False
+
+    def _end_quiet(self) -> None:
+        RUNNERS.thaw(self.group)
+        if self._builds_held is not None:
+            self._builds_held.close()
+            self._builds_held = None
 
     def _died(self, printed: str = "") -> JobReply:
         assert self.proc is not None
