@@ -142,11 +142,12 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
     reps = kernels.short if length == "short" else kernels.long
     honest_source = kernels.build(f"return ext.relu_reps(x, {reps})")
     hidden_source = kernels.build(f"return ext.relu_hidden(x, {reps}, {scale})")
-    # Honest and hidden in turn, an honest one at either end: a 2-core VM's speed moves by a tenth or
-    # more between two evaluations (one hidden reading in CI sat 15% below its twins on either side).
+    # Honest and hidden in turn, three of the hidden, an honest one at either end, compared by their
+    # medians: on a 2-core VM one evaluation's candidate reads up to a sixth off the next one's either
+    # way (in CI a hidden reading sat 15% below both honest twins; here another, 17% above).
     honest: list[TimingReport] = [timing(evaluator.run(kernels.task, honest_source, RUNTIME))]
     hidden: list[TimingReport] = []
-    for _ in range(2):
+    for _ in range(3):
         result = evaluator.run(kernels.task, hidden_source, RUNTIME)
         if result.status is EvalStatus.REJECTED:
             assert "ms" in result.message, result.message
@@ -161,13 +162,13 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
         # The hack was real: its own process saw the shortened times (on CUDA the shortened span
         # starts inside forward, after the launch overhead, so less than the full quarter shows).
         assert all(r is not None and r < 0.75 * honest_reported for r in reported), (reported, honest_reported)
-    # Its best reading against the honest ones: no gain (above), and no loss beyond the drift either
-    # (below: a method that charged the hack for its clock patch would be wrong too), 10% either side.
-    best = max(hidden, key=lambda r: r.speedup)
-    twins = [h.speedup for h in honest]
-    assert min(twins) * 0.9 <= best.speedup <= max(twins) * 1.1, (
+    # No gain (a hack that worked would read 1.25x at 80%, 4x at 25%) and no loss beyond the drift
+    # (a method that charged the hack for its clock patch would be wrong too): 10% either side.
+    shortened = statistics.median(h.speedup for h in hidden)
+    twins = statistics.median(h.speedup for h in honest)
+    assert 0.9 * twins <= shortened <= 1.1 * twins, (
         f"shortened {[round(h.candidate.median, 4) for h in hidden]} ms ({[round(h.speedup, 4) for h in hidden]}x) against honest "
-        f"{[round(h.candidate.median, 4) for h in honest]} ms ({[round(t, 4) for t in twins]}x)"
+        f"{[round(h.candidate.median, 4) for h in honest]} ms ({[round(h.speedup, 4) for h in honest]}x)"
     )
 
 

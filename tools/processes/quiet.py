@@ -2,7 +2,7 @@
 
 A time is only honest when the machine does nothing else: a candidate's runner that starts, warms
 up, compiles or streams memory from a native thread while the judge times the reference makes the
-reference slower and the candidate look faster. Two halves:
+reference slower and the candidate look faster. Three parts:
 
 - `RunnerRegistry`, in the parent (one per evaluator process): every candidate's runner is
   registered with its device group. When the judge asks for quiet (`QuietRequest`, through the
@@ -10,6 +10,8 @@ reference slower and the candidate look faster. Two halves:
   group and to every descendant that left it), the job's own runner too when the reference is
   timed, and holds new runners back until the judge releases it. On CPU the group is every runner
   (cores, caches and memory bandwidth are shared); on CUDA, the runners of the same GPU.
+- `BuildGate`, machine-wide: every evaluator process's builds wait while a window is open, and a
+  window opens once the builds under way have ended.
 - `Activity`, in the judge: what else ran during a window, from the kernel's own accounts (/proc)
   and, on CUDA, from NVML's per-process samples. A stopped process cannot run, but a process that
   escaped the tree (double fork, setsid) or work already queued on a GPU still can: this check is
