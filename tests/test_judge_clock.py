@@ -142,12 +142,13 @@ def test_a_clock_shortened_through_the_c_api_gains_nothing(evaluator: Evaluator,
     reps = kernels.short if length == "short" else kernels.long
     honest_source = kernels.build(f"return ext.relu_reps(x, {reps})")
     hidden_source = kernels.build(f"return ext.relu_hidden(x, {reps}, {scale})")
-    # Honest and hidden in turn, three of the hidden, an honest one at either end, compared by their
+    # Honest and hidden in turn, five of the hidden, an honest one at either end, compared by their
     # medians: on a 2-core VM one evaluation's candidate reads up to a sixth off the next one's either
-    # way (in CI a hidden reading sat 15% below both honest twins; here another, 17% above).
+    # way (in CI a hidden reading sat 15% below both honest twins; here another, 17% above; the
+    # medians of three against four still missed 10% in one run of four).
     honest: list[TimingReport] = [timing(evaluator.run(kernels.task, honest_source, RUNTIME))]
     hidden: list[TimingReport] = []
-    for _ in range(3):
+    for _ in range(5):
         result = evaluator.run(kernels.task, hidden_source, RUNTIME)
         if result.status is EvalStatus.REJECTED:
             assert "ms" in result.message, result.message
