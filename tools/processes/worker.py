@@ -366,7 +366,10 @@ class Worker:
                 if conn.poll(_WATCH_INTERVAL_S):
                     reply = _recv_or_none(conn)
                     if isinstance(reply, (QuietRequest, QuietRelease)):
+                        asked = time.monotonic()
                         holding = self._quiet(conn, reply)
+                        if holding:  # the wait for other processes' builds is not the candidate's time
+                            deadline += time.monotonic() - asked
                         continue
                     if judge is not None and not isinstance(reply, JobReply):
                         judge.kill(reason="died")
