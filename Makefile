@@ -19,7 +19,7 @@ CLANG := { command -v clang++-19 || command -v clang++ \
 	|| echo "setup: clang++ not installed (needs root and apt): C++ builds use GCC, only slower" >&2; } >/dev/null
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-gpu demo lint docs clean
+.PHONY: help setup test test-gpu test-drift demo lint docs clean
 
 help:
 	@echo "make setup     create .venv/ with the refinery command"
@@ -27,6 +27,7 @@ help:
 	@echo "make test      run the test suite (CPU)"
 	@echo "make docs      the API reference, build/api/index.html (pdoc; warnings fail)"
 	@echo "make test-gpu  run the GPU tests (needs CUDA)"
+	@echo "make test-drift  timings compared across evaluations (a quiet machine, not CI)"
 	@echo "make demo      a real refinement experiment on 3 built-in CPU tasks"
 
 $(STAMP): pyproject.toml
@@ -60,6 +61,10 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m gpu
+
+# Timings compared across evaluations: on a quiet machine, not on CI's shared 2-core VMs (pyproject: drift).
+test-drift: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m drift
 
 demo: $(STAMP)
 	rm -rf runs/demo
