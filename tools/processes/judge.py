@@ -141,6 +141,8 @@ class JudgeQuiet:
     ) -> tuple[T, WindowReport]:
         cores = sorted(os.sched_getaffinity(0))
         every_core = len(cores) == os.cpu_count()
+        # The evaluator process that answers these asks (pid 1 once it is gone: never allowed).
+        harness = (os.getppid(),) if self.parent is not None and os.getppid() != 1 else ()
         started = time.monotonic()
         attempt = 0
         while True:
@@ -155,8 +157,7 @@ class JudgeQuiet:
             if not hold_runner and self.runner_pid:
                 allowed.add(self.runner_pid)
             try:
-                parent = os.getppid() if self.parent is not None else 1
-                window = Window(allowed, None if every_core else cores, self.state.gpu, harness=() if parent == 1 else (parent,))
+                window = Window(allowed, None if every_core else cores, self.state.gpu, harness=harness)
                 value = measure()
                 activity = window.close()
             finally:

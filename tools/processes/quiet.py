@@ -155,14 +155,18 @@ def lock_dir() -> Path:
     return Path(os.environ.get("REFINERY_LOCK_DIR") or Path(tempfile.gettempdir()) / "kernel-refinery-locks")
 
 
+def lock_file(folder: Path, name: str) -> IO[str]:
+    """A lock file of the machine's, opened afresh (flock is per open file; closing it drops the lock)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return open(folder / name, "a+")  # closed by the caller
+
+
 @contextlib.contextmanager
 def machine_turn(group: str) -> Iterator[None]:
     """This device to this process alone for a candidate's device steps: another evaluator process
     on the machine (another run, a test worker) waits, as this process's own evaluations wait on
     the pool's device lock. The kernel drops the lock with a process that dies."""
-    folder = lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{group.replace(':', '-')}.lock", "a+") as fh:
+    with lock_file(lock_dir(), f"{group.replace(':', '-')}.lock") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -187,22 +191,16 @@ class BuildGate:
         self.folder = folder
 
     def _open(self, name: str) -> IO[str]:
-        folder = self.folder or lock_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        return open(folder / name, "a+")  # closed by the caller
+        return lock_file(self.folder or lock_dir(), name)
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:
         """Around a build: waits while a window is open or waited for."""
-        with contextlib.ExitStack() as stack:
-            builds = stack.enter_context(self._open("builds.lock"))
+        with self._open("builds.lock") as builds:  # closing it drops the share
             with self._open("gate.lock") as gate:
                 fcntl.flock(gate, fcntl.LOCK_EX)
                 fcntl.flock(builds, fcntl.LOCK_SH)
-            try:
-                yield
-            finally:
-                fcntl.flock(builds, fcntl.LOCK_UN)
+            yield
 
     def hold(self) -> contextlib.ExitStack:
         """Builds stopped for a window: returns once none runs; closing the stack lets them go on."""
