@@ -5,6 +5,11 @@ while the model decodes is timed against the model's server for the cores, and a
 by a compile. Where that is so (agent/config.py: needs_quiet_host), one QuietHost is shared by
 every trajectory of the run: calls of one kind may run together, never beside the other kind,
 and the kinds take turns in arrival order, so neither waits forever. Elsewhere it lets all through.
+
+Across runs on one machine (two `refinery run`s, an experiment beside a service) the turns are the
+machine's build gate (tools/processes/quiet.py: BuildGate): an LLM call holds its shared side as a
+build does, so no other run's quiet window opens while the model decodes, and no call starts while
+a window is open or waited for.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import structlog
 
 from kernel_refinery.agent.config import ModelSettings, needs_quiet_host
 from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.processes.quiet import BUILDS, BuildGate
 
 log = structlog.get_logger()
 
@@ -25,8 +31,10 @@ Kind = Literal["llm", "evaluation"]
 
 
 class QuietHost:
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, gate: BuildGate = BUILDS) -> None:
         self.enabled = enabled
+        self.gate = gate
+        """The machine's: other runs' quiet windows wait for an LLM call as for a build."""
         self._cond = threading.Condition()
         self._waiting: list[tuple[int, Kind]] = []
         """Tickets waiting, in arrival order."""
@@ -68,7 +76,11 @@ class QuietHost:
             self._active_kind = kind
             self._active += 1
         try:
-            yield
+            if kind == "llm":
+                with self.gate.building():
+                    yield
+            else:
+                yield
         finally:
             with self._cond:
                 self._active -= 1

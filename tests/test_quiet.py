@@ -24,6 +24,7 @@ from kernel_refinery.bench.experiment import ExperimentConfig, run_experiment
 from kernel_refinery.core.verdict import EvalStatus
 from kernel_refinery.tools.config import EvalConfig
 from kernel_refinery.tools.processes.jobs import TaskProgram
+from kernel_refinery.tools.processes.quiet import BuildGate
 from kernel_refinery.tools.results import EvalResult, Stage
 
 Interval = tuple[float, float]
@@ -156,3 +157,48 @@ def test_kinds_take_turns_in_arrival_order() -> None:
     for t in pair:
         t.join(5)
     assert sorted(together) == ["a", "b"]
+
+
+def test_another_run_s_quiet_window_waits_for_an_llm_call_and_a_call_for_a_window(tmp_path: Path) -> None:
+    """Two runs on one machine share its build gate (real flocks): a judge's window of another run
+    opens only once the embedded model's call has ended, and a call waits while a window is open."""
+    host = QuietHost(gate=BuildGate(tmp_path))
+    events: list[str] = []
+    in_call, end_call = threading.Event(), threading.Event()
+
+    def llm_call() -> None:
+        with host.llm_call():
+            events.append("call in")
+            in_call.set()
+            end_call.wait(5)
+            events.append("call out")
+
+    def window() -> None:
+        with BuildGate(tmp_path).hold():  # another run's judge, opening its own lock files
+            events.append("window")
+
+    caller = threading.Thread(target=llm_call)
+    caller.start()
+    assert in_call.wait(5)
+    judge = threading.Thread(target=window)
+    judge.start()
+    time.sleep(0.3)
+    assert events == ["call in"], "the window waits while the model decodes"
+    end_call.set()
+    caller.join(5)
+    judge.join(5)
+    assert events == ["call in", "call out", "window"]
+
+    held = BuildGate(tmp_path).hold()
+    called = threading.Event()
+
+    def later_call() -> None:
+        with host.llm_call():
+            called.set()
+
+    later = threading.Thread(target=later_call)
+    later.start()
+    assert not called.wait(0.3), "no call starts while a window is open"
+    held.close()
+    assert called.wait(5), "the call starts once the window has closed"
+    later.join(5)
