@@ -12,8 +12,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from candidates import candidate
 
-from kernel_refinery.tools.processes.quiet import BuildGate, RunnerRegistry, Window, WindowActivity
+from kernel_refinery.core.verdict import EvalStatus
+from kernel_refinery.tools.config import EvalConfig
+from kernel_refinery.tools.evaluator import Evaluator
+from kernel_refinery.tools.processes.jobs import QuietRelease, QuietRequest, TaskProgram
+from kernel_refinery.tools.processes.quiet import WINDOW_REFUND_S, BuildGate, RunnerRegistry, Window, WindowActivity
+from kernel_refinery.tools.processes.worker import StageClock
+from kernel_refinery.tools.results import Stage
 
 SPIN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
 """A child that burns `seconds` of CPU and ends."""
@@ -187,3 +194,47 @@ def test_builds_side_by_side_cannot_starve_a_window(tmp_path: Path) -> None:
     assert opened - asked < 3.0, opened - asked
     started, _ = later[0].times()
     assert started >= closed, "a build started inside the window"
+
+
+# The stage's limit counts the candidate's time, not the judge's wait for a quiet machine.
+
+
+def test_windows_found_unquiet_are_not_the_candidate_s_time(cpu_config: EvalConfig, relu_task: TaskProgram) -> None:
+    """A process beside the evaluator spins for 25 s while an honest candidate is timed under a 12 s
+    limit: the judge times window after window again until the machine is quiet, and the verdict is
+    the candidate's, not a timeout (CI's hang and soak tests lost honest candidates so)."""
+    with Evaluator(cpu_config.model_copy(update={"timeout_s": 12.0})) as ev:
+        source = candidate("return ext.relu_fwd(x)")
+        assert ev.run(relu_task, source, (Stage.COMPILE,)).status is None
+        busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 25\nwhile time.monotonic() < end: pass\n"])
+        try:
+            started = time.monotonic()
+            result = ev.run(relu_task, source, (Stage.CORRECTNESS, Stage.TIMING))
+            took = time.monotonic() - started
+        finally:
+            busy.kill()
+            busy.wait()
+    assert result.status is EvalStatus.CORRECT, result.message
+    assert took > 12, f"the spinner never made a window unquiet ({took:.1f} s)"
+    assert result.timing is not None and any(w.attempts > 1 for w in result.timing.windows), result.timing
+
+
+def test_the_stage_clock_gives_back_only_what_was_not_the_candidate_s_time() -> None:
+    clock = StageClock(deadline=10.0)
+    clock.granted(QuietRequest(hold_runner=False), asked=1.0, now=3.0)  # 2 s waiting for builds
+    assert clock.deadline == 12.0
+    assert not clock.passed(20.0), "an open window may still be found unquiet"
+    clock.released(QuietRelease(quiet=True), now=20.0)  # a quiet window of the candidate's: its time
+    assert clock.deadline == 12.0 and clock.passed(20.0)
+
+    clock = StageClock(deadline=10.0)
+    clock.granted(QuietRequest(hold_runner=True), asked=1.0, now=1.0)
+    clock.released(QuietRelease(quiet=True), now=6.0)  # the reference's, its runner stopped
+    clock.granted(QuietRequest(hold_runner=False), asked=6.0, now=6.0)
+    clock.released(QuietRelease(quiet=False), now=9.0)  # unquiet: timed again after a pause
+    clock.asked(11.0)
+    assert clock.deadline == 10.0 + 5 + 3 + 2 and clock.refunded == 10.0
+
+    hung = StageClock(deadline=10.0)
+    hung.granted(QuietRequest(hold_runner=False), asked=1.0, now=1.0)  # and never released
+    assert not hung.passed(10.0 + WINDOW_REFUND_S - 1) and hung.passed(10.0 + WINDOW_REFUND_S + 1), "a hang in a window ends"

@@ -71,6 +71,10 @@ class QuietGranted(Frozen):
 class QuietRelease(Frozen):
     """Let them run again."""
 
+    quiet: bool = True
+    """Whether the window was quiet: one that was not is timed again, and neither it nor the pause
+    before the next is the candidate's time."""
+
 
 class QuietReleased(Frozen):
     pass

@@ -51,7 +51,7 @@ from kernel_refinery.tools.processes.jobs import (
     StageFailed,
 )
 from kernel_refinery.tools.processes.programs import Program, import_source, source_hash, tensors_of
-from kernel_refinery.tools.processes.quiet import GpuSamples, Window
+from kernel_refinery.tools.processes.quiet import QUIET_ATTEMPTS, QUIET_PATIENCE_S, GpuSamples, Window
 from kernel_refinery.tools.processes.remote import RunnerGone, RunnerLink
 from kernel_refinery.tools.processes.startup import StartSteps
 from kernel_refinery.tools.processes.worker_main import apply_tf32_policy, describe, die_with_parent
@@ -73,13 +73,6 @@ from kernel_refinery.tools.steps.timing_stage import (
 log = structlog.get_logger()
 
 RUNNER_GONE = "the candidate's process ended while the judge was waiting for it"
-QUIET_ATTEMPTS = 6
-"""Windows a timing gets at least before the machine is called busy (tools/processes/quiet.py)."""
-QUIET_PATIENCE_S = 180.0
-"""And the time they may take together (eval.quiet "require"): another evaluator process on the
-machine (a pool's, a Ray worker's) builds its candidate outside the device turn, and a cold build
-takes a minute or more on a 2-core machine (Ray actors' timings failed at 60 s): outlasted, rather
-than charged to this candidate as a turn lost. Within the stage's limit (eval.timeout_s, 300 s)."""
 QUIET_PAUSE_S = (0.25, 0.5, 1.0, 2.0, 4.0)
 """The pauses between windows, the last repeated."""
 RECORD_ATTEMPTS = 3
@@ -156,13 +149,15 @@ class JudgeQuiet:
             allowed = {os.getpid(), *([self.state.reference_pid] if self.state.reference_pid else [])}
             if not hold_runner and self.runner_pid:
                 allowed.add(self.runner_pid)
+            quiet = True  # a window that failed counts as the candidate's time
             try:
                 window = Window(allowed, None if every_core else cores, self.state.gpu, harness=harness)
                 value = measure()
                 activity = window.close()
+                quiet = activity.quiet
             finally:
                 if self.parent is not None:
-                    self._ask(QuietRelease())
+                    self._ask(QuietRelease(quiet=quiet))
             report = WindowReport(
                 what=what,
                 seconds=round(activity.seconds, 4),

@@ -42,6 +42,17 @@ log = structlog.get_logger()
 STOP_WAIT_S = 2.0
 """How long a stop may take to reach every thread of a runner before the freeze is reported incomplete."""
 
+QUIET_ATTEMPTS = 6
+"""Windows a timing gets at least before the machine is called busy."""
+QUIET_PATIENCE_S = 180.0
+"""And the time they may take together (eval.quiet "require"): another evaluator process on the
+machine (a pool's, a Ray worker's) builds its candidate outside the device turn, and a cold build
+takes a minute or more on a 2-core machine (Ray actors' timings failed at 60 s): outlasted, rather
+than charged to this candidate as a turn lost."""
+WINDOW_REFUND_S = 2 * QUIET_PATIENCE_S
+"""What a stage's limit (eval.timeout_s) gives back at most for time that was not the candidate's:
+windows with its runner stopped, and windows found unquiet with the pauses after them
+(tools/processes/worker.py: StageClock). Bounded, so a hang inside a window still ends."""
 QUIET_SHARE = 0.10
 """Other processes may use this share of one core during a window (the OS, a logger) and it is still quiet.
 A Ray node's own processes and idle actors, with the kernel's threads, took 8% of a core on a 2-core

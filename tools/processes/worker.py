@@ -33,7 +33,7 @@ from kernel_refinery.tools.faults import cuda_fault_in
 from kernel_refinery.tools.processes import sandbox
 from kernel_refinery.tools.processes.forkserver import ForkedChild, ForkServer, ForkServerError
 from kernel_refinery.tools.processes.jobs import EvalJob, JobReply, QuietGranted, QuietRelease, QuietReleased, QuietRequest
-from kernel_refinery.tools.processes.quiet import BUILDS, RUNNERS, group_of
+from kernel_refinery.tools.processes.quiet import BUILDS, RUNNERS, WINDOW_REFUND_S, group_of
 from kernel_refinery.tools.processes.startup import started_at
 
 log = structlog.get_logger()
@@ -81,6 +81,50 @@ class _Spawned:
         self.conn.close()
         self.judge_end.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass
+class StageClock:
+    """A judged stage's limit, less what is not the candidate's time: the wait for other processes'
+    builds before a window, windows with its runner stopped (the reference's, the harness's), and
+    windows the judge found unquiet with the pauses after them (other processes' work made it time
+    them again). At most WINDOW_REFUND_S is given back in all, so a hang inside a window still ends."""
+
+    deadline: float
+    refunded: float = 0.0
+    opened: float = 0.0
+    """When the open window opened; 0 while none is."""
+    holds_runner: bool = False
+    unquiet_since: float = 0.0
+    """When the last window the judge found unquiet closed, until it asks for the next."""
+
+    def _give_back(self, seconds: float) -> None:
+        given = max(0.0, min(seconds, WINDOW_REFUND_S - self.refunded))
+        self.deadline += given
+        self.refunded += given
+
+    def asked(self, at: float) -> None:
+        if self.unquiet_since:
+            self._give_back(at - self.unquiet_since)
+            self.unquiet_since = 0.0
+
+    def granted(self, request: QuietRequest, asked: float, now: float) -> None:
+        self.deadline += now - asked
+        self.opened, self.holds_runner = now, request.hold_runner
+
+    def released(self, release: QuietRelease, now: float) -> None:
+        if not self.opened:
+            return
+        if self.holds_runner or not release.quiet:
+            self._give_back(now - self.opened)
+        self.unquiet_since = 0.0 if release.quiet else now
+        self.opened = 0.0
+
+    def passed(self, now: float) -> bool:
+        """Past the limit. While a window is open, what its close may give back is not yet spent: a
+        window found unquiet at its end was the judge's time, not the candidate's."""
+        pending = min(now - self.opened, WINDOW_REFUND_S - self.refunded) if self.opened else 0.0
+        return now > self.deadline + pending
 
 
 class WorkerStartError(RuntimeError):
@@ -361,15 +405,20 @@ class Worker:
         for quiet answered (every other runner stopped while it times; tools/processes/quiet.py)."""
         assert self.proc is not None and self.log_path is not None
         holding = False
+        clock = StageClock(deadline)
         try:
             while True:
                 if conn.poll(_WATCH_INTERVAL_S):
                     reply = _recv_or_none(conn)
                     if isinstance(reply, (QuietRequest, QuietRelease)):
                         asked = time.monotonic()
+                        if isinstance(reply, QuietRequest):
+                            clock.asked(asked)
                         holding = self._quiet(conn, reply)
-                        if holding:  # the wait for other processes' builds is not the candidate's time
-                            deadline += time.monotonic() - asked
+                        if isinstance(reply, QuietRequest):
+                            clock.granted(reply, asked, time.monotonic())
+                        else:
+                            clock.released(reply, time.monotonic())
                         continue
                     if judge is not None and not isinstance(reply, JobReply):
                         judge.kill(reason="died")
@@ -395,7 +444,7 @@ class Worker:
                         judge.drain(conn)
                     gb = self.memory_limit_bytes / (1 << 30)
                     return JobReply(failure=EvalStatus.OOM, message=f"the candidate used more than {gb:.1f} GB of host memory"), printed
-                if time.monotonic() > deadline:
+                if clock.passed(time.monotonic()):
                     printed = sandbox.tail(self.log_path)
                     self.kill(reason="timeout")
                     if judge is not None:
