@@ -223,9 +223,13 @@ def test_the_stage_clock_gives_back_only_what_was_not_the_candidate_s_time() -> 
     clock = StageClock(deadline=10.0)
     clock.granted(QuietRequest(hold_runner=False), asked=1.0, now=3.0)  # 2 s waiting for builds
     assert clock.deadline == 12.0
-    assert not clock.passed(20.0), "an open window may still be found unquiet"
+    assert clock.passed(20.0), "the candidate runs in its window: its time, until found unquiet"
     clock.released(QuietRelease(quiet=True), now=20.0)  # a quiet window of the candidate's: its time
     assert clock.deadline == 12.0 and clock.passed(20.0)
+
+    reference = StageClock(deadline=10.0)
+    reference.granted(QuietRequest(hold_runner=True), asked=1.0, now=1.0)
+    assert not reference.passed(20.0), "the runner is stopped: not its time"
 
     clock = StageClock(deadline=10.0)
     clock.granted(QuietRequest(hold_runner=True), asked=1.0, now=1.0)
@@ -236,5 +240,5 @@ def test_the_stage_clock_gives_back_only_what_was_not_the_candidate_s_time() -> 
     assert clock.deadline == 10.0 + 5 + 3 + 2 and clock.refunded == 10.0
 
     hung = StageClock(deadline=10.0)
-    hung.granted(QuietRequest(hold_runner=False), asked=1.0, now=1.0)  # and never released
+    hung.granted(QuietRequest(hold_runner=True), asked=1.0, now=1.0)  # and never released
     assert not hung.passed(10.0 + WINDOW_REFUND_S - 1) and hung.passed(10.0 + WINDOW_REFUND_S + 1), "a hang in a window ends"

@@ -121,9 +121,10 @@ class StageClock:
         self.opened = 0.0
 
     def passed(self, now: float) -> bool:
-        """Past the limit. While a window is open, what its close may give back is not yet spent: a
-        window found unquiet at its end was the judge's time, not the candidate's."""
-        pending = min(now - self.opened, WINDOW_REFUND_S - self.refunded) if self.opened else 0.0
+        """Past the limit. While a window with the runner stopped is open, its time is not yet spent
+        (its close gives it back); a window where the candidate runs is its time until the judge
+        finds it unquiet, so a slow or hung candidate ends at the limit as before."""
+        pending = min(now - self.opened, WINDOW_REFUND_S - self.refunded) if self.opened and self.holds_runner else 0.0
         return now > self.deadline + pending
 
 
