@@ -202,9 +202,6 @@ def batches(trials: int, batch: int) -> int:
 
 
 MIN_BATCHES = 20
-FLOOR_CHECKS = 256
-"""Timed calls checked, drawn after the timing, when a candidate is timed again for reading below
-the speed of light (every one, when there are no more: each check runs the reference once)."""
 MIN_TRIALS = 10
 """Timed batches a candidate gets at least, when its time budget ends its timing early."""
 BUDGET_FACTOR = 3.0
@@ -643,11 +640,10 @@ def _check_one(path: TimedPath, ref_model: Any, index: int, snapshot: Snapshot, 
             )
 
 
-def choose_checked(cfg: EvalConfig, calls: int, every: bool = False, k: int | None = None) -> frozenset[int]:
-    """Drawn from the OS after the timing, in the judge: nothing in the candidate's process can know
-    them. `k` of them and the last (the config's count unless given), or every one."""
-    k = cfg.guards.checked_timed_calls if k is None else k
-    if every or k >= calls:
+def choose_checked(cfg: EvalConfig, calls: int, every: bool = False) -> frozenset[int]:
+    """Drawn from the OS after the timing, in the judge: nothing in the candidate's process can know them."""
+    k = cfg.guards.checked_timed_calls
+    if every:
         return frozenset(range(calls))
     if k == 0:
         return frozenset()
@@ -725,7 +721,7 @@ def time_candidate(
     if cfg.guards.speed_of_light:
         floor = output_floor_ms(nbytes(tensors_of(ref_model(*clone_args(path.make_args(0))))), path.program.device)
         if statistics.median(side.per_call_ms) < floor:
-            side, checked, harness = _below_floor(timed, new_model, harness, ref_model, floor)
+            side, checked = _below_floor(timed, new_model, harness, ref_model, floor)
             retimed = True
     clock = clock_name(path.program.device, cfg)
     why_single = overlap(side, base.single, base.reference)
@@ -801,30 +797,21 @@ def _check_singles(side: Side, path: TimedPath, ref_model: Any) -> None:
 
 def _below_floor(
     timed: JudgedTiming, new_model: RemoteModel, harness: Harness, ref_model: Any, floor: float
-) -> tuple[Side, tuple[int, ...], Harness]:
-    """Timed below the speed of light: again on fresh inputs, every output checked, in batches as
-    large as a batch may be (the method's finest resolution). Still below, rejected; above, the
-    candidate is scored from this timing, not the first."""
+) -> tuple[Side, tuple[int, ...]]:
+    """Timed below the speed of light: again on fresh inputs, every output checked. Still below,
+    rejected; above, the candidate is scored from this timing, not the first."""
     path = timed.path
     trials = min(path.cfg.trials, 20)
-    # A kernel of microseconds handed over in batches of one or a few calls (K sized for a slow
-    # reference, or from a probe a noisy machine read long) has less work in a batch than the
-    # harness's cost moves between windows, and reads 0: an honest 5 us ReLU beside a 10 ms
-    # reference was refused so in CI. Work that escapes the clock reads below the floor at any K.
-    finest = path.batch_for(0.0, harness.single_ms)
-    if finest > harness.batch:
-        harness = timed.harness(finest)
     # Fresh inputs: the path's calls are made again from new seeds.
     again_path = replace(path, make_args=args_for_calls(path.program, path.cfg, ref_model).make)
     again = timed.in_quiet("candidate", False, lambda: again_path.side(new_model, harness, trials, keep=True))
-    total = len(again.per_call_ms) * harness.batch
-    checked = check_timed_outputs(again, choose_checked(path.cfg, total, k=FLOOR_CHECKS), again_path, ref_model, harness.batch)
+    checked = check_timed_outputs(again, choose_checked(path.cfg, trials * harness.batch, every=True), again_path, ref_model, harness.batch)
     median = statistics.median(again.per_call_ms)
     if median >= floor:
-        return again, checked, harness
+        return again, checked
     bandwidth, _, _ = peaks(path.program.device)
     raise Rejected(
         f"timed by the judge at {median * 1e3:.2f} us per call, below the speed-of-light floor of {floor * 1e3:.2f} us "
         f"(writing its outputs at {bandwidth / 1e12:.3g} TB/s, with slack, plus a launch), also when timed again on fresh "
-        f"inputs in batches of {harness.batch} calls with {len(checked)} of its {total} outputs checked: the work escapes the timing"
+        "inputs with every output checked: the work escapes the timing"
     )
