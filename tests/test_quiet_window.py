@@ -236,7 +236,7 @@ def test_the_stage_clock_gives_back_only_what_was_not_the_candidate_s_time() -> 
     clock.released(QuietRelease(quiet=True), now=6.0)  # the reference's, its runner stopped
     clock.granted(QuietRequest(hold_runner=False), asked=6.0, now=6.0)
     clock.released(QuietRelease(quiet=False), now=9.0)  # unquiet: timed again after a pause
-    clock.asked(11.0)
+    clock.granted(QuietRequest(hold_runner=False), asked=11.0, now=11.0)
     assert clock.deadline == 10.0 + 5 + 3 + 2 and clock.refunded == 10.0
 
     hung = StageClock(deadline=10.0)

@@ -103,12 +103,10 @@ class StageClock:
         self.deadline += given
         self.refunded += given
 
-    def asked(self, at: float) -> None:
-        if self.unquiet_since:
-            self._give_back(at - self.unquiet_since)
-            self.unquiet_since = 0.0
-
     def granted(self, request: QuietRequest, asked: float, now: float) -> None:
+        if self.unquiet_since:  # the judge's pause after an unquiet window
+            self._give_back(asked - self.unquiet_since)
+            self.unquiet_since = 0.0
         self.deadline += now - asked
         self.opened, self.holds_runner = now, request.hold_runner
 
@@ -413,8 +411,6 @@ class Worker:
                     reply = _recv_or_none(conn)
                     if isinstance(reply, (QuietRequest, QuietRelease)):
                         asked = time.monotonic()
-                        if isinstance(reply, QuietRequest):
-                            clock.asked(asked)
                         holding = self._quiet(conn, reply)
                         if isinstance(reply, QuietRequest):
                             clock.granted(reply, asked, time.monotonic())
